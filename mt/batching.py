@@ -1,0 +1,182 @@
+"""Length-bucketed batches under a token budget, and collation into padded tensors.
+
+A batch's cost is its padded size, `n_sentences * longest`, on the source and on the target side; the sampler
+packs sentences of similar length so that little of that budget is padding. Sentences are shuffled, sorted by
+length within large pools, cut into batches, and the batch order is shuffled: all from (seed, epoch), so an epoch
+can be replayed or resumed mid-way exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler
+
+from mt.tokenizer import BOS, EOS, PAD
+
+
+def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, order: np.ndarray) -> list[np.ndarray]:
+    """Cut `order` (indices, already sorted by length) greedily into batches whose padded size fits `max_tokens`.
+
+    A sentence that alone exceeds the budget gets a batch of its own (the caller filters those out if it wants).
+    """
+    batches, start, max_src, max_tgt = [], 0, 0, 0
+    for i, idx in enumerate(order):
+        s, t = int(src_lens[idx]), int(tgt_lens[idx])
+        new_src, new_tgt = max(max_src, s), max(max_tgt, t)
+        n = i - start + 1
+        if n > 1 and max(new_src, new_tgt) * n > max_tokens:
+            batches.append(order[start:i])
+            start, new_src, new_tgt = i, s, t
+        max_src, max_tgt = new_src, new_tgt
+    if start < len(order):
+        batches.append(order[start:])
+    return batches
+
+
+class TokenBucketSampler(Sampler[list[int]]):
+    """Yields lists of example indices; each list is one batch of at most `max_tokens` padded tokens.
+
+    Lengths are the tensor lengths the model sees (source with </s>, target with <s> or </s>).
+    With `num_replicas > 1`, each rank gets every `num_replicas`-th batch of the same epoch order; the batch list
+    is wrapped around to a multiple of `num_replicas` so that every rank runs the same number of steps.
+    """
+
+    def __init__(
+        self,
+        src_lens: Sequence[int],
+        tgt_lens: Sequence[int],
+        max_tokens: int,
+        seed: int = 1,
+        shuffle: bool = True,
+        pool_size: int = 1 << 17,
+        num_replicas: int = 1,
+        rank: int = 0,
+    ):
+        self.src_lens = np.asarray(src_lens, dtype=np.int64)
+        self.tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
+        if len(self.src_lens) != len(self.tgt_lens) or len(self.src_lens) == 0:
+            raise ValueError("need one source and one target length per example, and at least one example")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
+        self.max_tokens, self.seed, self.shuffle, self.pool_size = max_tokens, seed, shuffle, pool_size
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch, self.position = 0, 0  # position: batches of this epoch already handed out on this rank
+        self._batches: list[np.ndarray] | None = None
+
+    def oversized(self) -> int:
+        """How many examples alone exceed the budget (each gets a batch of its own)."""
+        return int((np.maximum(self.src_lens, self.tgt_lens) > self.max_tokens).sum())
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.position, self._batches = epoch, 0, None
+
+    def _epoch_batches(self) -> list[np.ndarray]:
+        rng = np.random.default_rng([self.seed, self.epoch])
+        n = len(self.src_lens)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        batches = []
+        for start in range(0, n, self.pool_size):
+            pool = order[start : start + self.pool_size]
+            # Stable sort by (target, source) length: ties keep the shuffled order, so batch contents vary by epoch.
+            pool = pool[np.lexsort((self.src_lens[pool], self.tgt_lens[pool]))]
+            batches += make_batches(self.src_lens, self.tgt_lens, self.max_tokens, pool)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        if self.num_replicas > 1:
+            per_rank = -(-len(batches) // self.num_replicas)
+            batches = (batches * 2)[: per_rank * self.num_replicas][self.rank :: self.num_replicas]
+        return batches
+
+    def batches(self) -> list[np.ndarray]:
+        if self._batches is None:
+            self._batches = self._epoch_batches()
+        return self._batches
+
+    def __len__(self) -> int:
+        return len(self.batches())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self.batches()
+        while self.position < len(batches):
+            batch = batches[self.position]
+            self.position += 1
+            yield batch.tolist()
+        self.set_epoch(self.epoch + 1)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = state["seed"]
+        self.epoch, self._batches = state["epoch"], None
+        self.position = state["position"]
+
+    def padding_efficiency(self) -> float:
+        """Share of real (non-pad) tokens in this epoch's padded batches, source and target sides together."""
+        real = padded = 0
+        for b in self.batches():
+            s, t = self.src_lens[b], self.tgt_lens[b]
+            real += int(s.sum() + t.sum())
+            padded += len(b) * int(s.max() + t.max())
+        return real / padded
+
+
+@dataclass
+class Batch:
+    """A padded batch. `src` ends with </s>; the decoder reads `tgt_in` = <s> y and predicts `tgt_out` = y </s>."""
+
+    src: torch.Tensor  # (B, S) token ids
+    tgt_in: torch.Tensor  # (B, T)
+    tgt_out: torch.Tensor  # (B, T)
+    src_pad_mask: torch.Tensor  # (B, S) True at padding
+    n_src_tokens: int
+    n_tgt_tokens: int  # non-pad target tokens: the loss normaliser
+    ids: list[int]  # dataset indices, to restore the input order after length-sorted decoding
+
+    def to(self, device: torch.device) -> Batch:
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(
+            move(self.src), move(self.tgt_in), move(self.tgt_out), move(self.src_pad_mask),
+            self.n_src_tokens, self.n_tgt_tokens, self.ids,
+        )  # fmt: skip
+
+
+def pad(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), value, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None, ids: list[int]) -> Batch:
+    """Build a Batch from token ids without specials; `tgt_ids=None` for decoding-only batches."""
+    src = pad([s + [EOS] for s in src_ids])
+    if tgt_ids is None:
+        empty = torch.zeros(len(src_ids), 0, dtype=torch.long)
+        return Batch(src, empty, empty, src.eq(PAD), int(src.ne(PAD).sum()), 0, ids)
+    tgt_in, tgt_out = pad([[BOS] + t for t in tgt_ids]), pad([t + [EOS] for t in tgt_ids])
+    return Batch(src, tgt_in, tgt_out, src.eq(PAD), int(src.ne(PAD).sum()), int(tgt_out.ne(PAD).sum()), ids)
+
+
+class BatchLoader:
+    """Iterates Batches of a tokenized dataset in the order a TokenBucketSampler gives.
+
+    `dataset[indices]` must return {"src_ids": [...], "tgt_ids": [...]}: a `datasets.Dataset` does, reading only
+    those rows from its memory-mapped Arrow file.
+    """
+
+    def __init__(self, dataset, sampler: TokenBucketSampler):
+        self.dataset, self.sampler = dataset, sampler
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Batch]:
+        for idx in self.sampler:
+            rows = self.dataset[idx]
+            yield collate(rows["src_ids"], rows["tgt_ids"], idx)

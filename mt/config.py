@@ -1,0 +1,195 @@
+"""Typed configuration schemas, registered in Hydra's ConfigStore.
+
+The YAML files in `conf/` fill these dataclasses. Because the top-level schema is typed, a misspelt override
+(`train.max_epoch=3`) or a wrong type (`train.max_epochs=many`) is rejected by Hydra before anything runs.
+Core code receives these dataclasses (converted with `OmegaConf.to_object`), never a raw `DictConfig`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the key and what to do."""
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    # "parallel": {dir}/{split}.{lang}[.gz]; "tsv": {dir}/{split}.tsv (columns in `columns`);
+    # "jsonl": {dir}/{split}.jsonl ({"en": .., "de": ..} or {"translation": {..}}); "hub": load_dataset(hub_name).
+    format: str = "parallel"
+    dir: str | None = None
+    hub_name: str | None = None
+    hub_config: str | None = None
+    # Use the hub when `dir` does not exist (e.g. Multi30k for users without the local copy).
+    hub_fallback: bool = False
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    # TSV column order, e.g. ["en", "de"].
+    columns: list[str] = field(default_factory=list)
+    train_split: str = "train"
+    valid_split: str = "val"
+    test_splits: list[str] = field(default_factory=list)
+    # Split names as the hub calls them, when they differ from ours: {val: validation}.
+    hub_splits: dict[str, str] = field(default_factory=dict)
+    # Filters on training pairs, counted in BPE tokens (without </s>).
+    max_len: int = 250
+    max_ratio: float = 3.0
+    # Where tokenized corpora are cached (datasets' Arrow cache); null = datasets' default.
+    cache_dir: str | None = None
+
+
+@dataclass
+class TokenizerConfig:
+    vocab_size: int = 8000
+    joint: bool = True
+    min_frequency: int = 2
+    # Unicode normalization applied before BPE: NFC keeps text identical for any NFC input (round trip holds).
+    normalization: str = "NFC"
+    # Load this tokenizer.json instead of training one.
+    path: str | None = None
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    # "post" is the paper's LayerNorm(x + Sublayer(x)); "pre" is x + Sublayer(LayerNorm(x)) plus final norms.
+    norm: str = "post"
+    # "all": source emb = target emb = output projection (joint vocab); "decoder": target emb = output; "none".
+    tie_embeddings: str = "all"
+    positions: str = "sinusoidal"  # or "learned"
+    max_positions: int = 1024
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 1
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: str = "auto"  # auto (bf16 on AMX CPUs and bf16-capable GPUs) | fp32 | bf16 | fp16 (CUDA only)
+    compile: bool = False
+    max_tokens: int = 4096  # per batch, padded tokens (max of source and target side)
+    accumulate: int = 1
+    max_epochs: int = 100
+    max_updates: int = 0  # 0 = no limit
+    max_time: float = 0.0  # minutes of training wall-clock; 0 = no limit
+    optimizer: str = "adam"  # adam | adamw
+    lr: float = 5e-4  # peak lr for inverse_sqrt
+    schedule: str = "noam"  # noam | inverse_sqrt | constant
+    noam_scale: float = 1.0
+    warmup: int = 4000
+    warmup_init_lr: float = 1e-7
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+    label_smoothing: float = 0.1
+    valid_every: int = 0  # updates; 0 = once per epoch
+    valid_bleu: bool = True
+    valid_bleu_subset: int = 0  # sentences of val decoded for BLEU; 0 = all
+    patience: int = 0  # validations without improvement of val BLEU before stopping; 0 = off
+    keep_last: int = 3
+    average_last: int = 0  # average the last K epoch checkpoints at the end; 0 = off
+    resume: str = "auto"  # auto | never | path to a checkpoint
+    max_nan_updates: int = 5
+    log_every: int = 50
+    progress: bool = True
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 5
+    length_penalty: float = 1.0  # GNMT alpha; 0 = raw log-prob
+    length_penalty_type: str = "gnmt"  # gnmt ((5+len)/6)^alpha | average (score / len^alpha)
+    max_len_a: float = 1.5
+    max_len_b: int = 10
+    nbest: int = 1
+    no_unk: bool = False
+    max_tokens: int = 8000  # source tokens per decoding batch
+    use_cache: bool = True
+
+
+@dataclass
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    run_dir: str = MISSING
+
+
+@dataclass
+class TranslateConfig:
+    checkpoint: str = MISSING  # a run dir (uses its best checkpoint) or a .pt file
+    input: str = "-"  # a file, or - for stdin
+    output: str = "-"  # a file, or - for stdout
+    references: str | None = None  # a file, or a split name of the checkpoint's data config (e.g. test_2016_flickr)
+    report_dir: str | None = None  # where report.json/md go; default: next to the output
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    device: str = "auto"
+    precision: str = "fp32"
+    plot_attention: str | None = None
+    attention_layer: int = -1
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(name="translate_schema", node=TranslateConfig)
+
+
+def to_dataclass(cfg: DictConfig) -> Any:
+    """Turn a composed DictConfig into its schema dataclass (validating enumerations on the way)."""
+    obj = OmegaConf.to_object(cfg)
+    if isinstance(obj, Config):
+        validate(obj)
+    return obj
+
+
+def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
+    if value not in options:
+        raise ConfigError(f"{key}={value!r} is not one of {', '.join(options)}; fix the override or config file")
+
+
+def validate(cfg: Config) -> None:
+    """Reject values the type system lets through but the code cannot use."""
+    _choice("data.format", cfg.data.format, ("parallel", "tsv", "jsonl", "hub"))
+    _choice("model.norm", cfg.model.norm, ("post", "pre"))
+    _choice("model.tie_embeddings", cfg.model.tie_embeddings, ("all", "decoder", "none"))
+    _choice("model.positions", cfg.model.positions, ("sinusoidal", "learned"))
+    _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "constant"))
+    _choice("train.optimizer", cfg.train.optimizer, ("adam", "adamw"))
+    _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
+    _choice("decode.length_penalty_type", cfg.decode.length_penalty_type, ("gnmt", "average"))
+    if cfg.data.src_lang == cfg.data.tgt_lang:
+        raise ConfigError(f"data.src_lang and data.tgt_lang are both {cfg.data.src_lang!r}; pick two languages")
+    if cfg.model.d_model % cfg.model.n_heads:
+        raise ConfigError(
+            f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}"
+        )
+    if cfg.model.tie_embeddings == "all" and not cfg.tokenizer.joint:
+        raise ConfigError(
+            "model.tie_embeddings=all needs a joint vocabulary; set tokenizer.joint=true "
+            "or model.tie_embeddings=decoder"
+        )
+    if cfg.train.accumulate < 1:
+        raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
+    if cfg.decode.beam_size < 1 or cfg.decode.nbest > cfg.decode.beam_size:
+        raise ConfigError(
+            f"decode.beam_size={cfg.decode.beam_size}, decode.nbest={cfg.decode.nbest}: "
+            "need beam_size >= 1 and nbest <= beam_size"
+        )

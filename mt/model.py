@@ -1,0 +1,261 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al. 2017), section numbers refer to the paper.
+
+Shape legend: B batch, S source length, T target length (t: new target positions in a cached step),
+D d_model, H heads, Dh = D / H, F d_ff, V vocabulary.
+
+The interface used by training and search is narrow: `encode(src, src_pad_mask) -> memory` and
+`decode(tgt_in, memory, src_pad_mask, cache=None) -> logits`. Masks are boolean and True at padding.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mt.config import ModelConfig
+from mt.tokenizer import PAD
+
+
+def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
+    """3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)). Returns (P, D)."""
+    pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
+    inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+    pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(pos * inv_freq)
+    pe[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
+    return pe.float()
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by sqrt(D) (3.4) plus positional encoding (3.5), then dropout (5.4)."""
+
+    def __init__(self, tokens: nn.Embedding, max_positions: int, learned: bool, dropout: float):
+        super().__init__()
+        self.tokens = tokens  # may be shared with the other side and the output projection
+        d_model = tokens.embedding_dim
+        self.scale = math.sqrt(d_model)
+        if learned:
+            self.positions = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
+        else:
+            self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        T = ids.size(1)
+        if offset + T > self.positions.size(0):
+            raise ValueError(f"sequence of {offset + T} positions exceeds model.max_positions={self.positions.size(0)}")
+        x = self.tokens(ids) * self.scale + self.positions[offset : offset + T]  # (B, T, D)
+        return self.dropout(x)
+
+
+def attend_mask(src_pad_mask: Tensor) -> Tensor:
+    """(B, S) True-at-padding -> (B, 1, 1, S) True where attention is allowed, broadcast over heads and queries."""
+    return ~src_pad_mask[:, None, None, :]
+
+
+def causal_mask(T: int, S: int, device: torch.device | None = None) -> Tensor:
+    """(T, S) True where query i may attend to key j: j <= i + S - T (3.2.3: no look-ahead). The last T of S
+    positions are the queries; S > T when earlier positions come from a decoding cache."""
+    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
+
+
+class Attention(nn.Module):
+    """Multi-head scaled dot-product attention (3.2). Self-attention fuses the Q/K/V projections in one matmul;
+    cross-attention projects Q from the decoder and K/V (fused) from the encoder output."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float, cross: bool):
+        super().__init__()
+        self.n_heads, self.d_head, self.cross, self.dropout = n_heads, d_model // n_heads, cross, dropout
+        if cross:
+            self.q_proj = nn.Linear(d_model, d_model)
+            self.kv_proj = nn.Linear(d_model, 2 * d_model)
+        else:
+            self.qkv_proj = nn.Linear(d_model, 3 * d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.keep_weights = False  # set to record attention probabilities (for plots), at the cost of SDPA
+        self.weights: Tensor | None = None
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, Dh)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Cross-attention keys and values of the encoder output: computed once per sentence when decoding."""
+        k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        return self.split_heads(k), self.split_heads(v)  # (B, H, S, Dh) each
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
+        """q (B, H, T, Dh), k/v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend."""
+        p = self.dropout if self.training else 0.0
+        if self.keep_weights:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
+            if causal:
+                scores = scores.masked_fill(~causal_mask(q.size(2), k.size(2), q.device), float("-inf"))
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            self.weights = scores.softmax(-1)
+            out = F.dropout(self.weights, p, self.training) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        B, H, T, Dh = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * Dh))  # (B, T, D)
+
+    def forward_self(self, x: Tensor, mask: Tensor | None, causal: bool, cache: dict | None = None) -> Tensor:
+        q, k, v = (self.split_heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+        if cache is not None:  # incremental decoding: append this step's keys/values to the earlier ones
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+            # One new position may attend to everything cached; several new ones need the offset causal mask.
+            causal = causal and q.size(2) > 1
+            if causal and k.size(2) != q.size(2):
+                mask, causal = causal_mask(q.size(2), k.size(2), x.device), False
+        return self.attend(q, k, v, mask, causal)
+
+    def forward_cross(self, x: Tensor, memory: Tensor, mask: Tensor, cache: dict | None = None) -> Tensor:
+        if cache is not None and "mem_k" in cache:
+            k, v = cache["mem_k"], cache["mem_v"]
+        else:
+            k, v = self.project_kv(memory)
+            if cache is not None:
+                cache["mem_k"], cache["mem_v"] = k, v
+        return self.attend(self.split_heads(self.q_proj(x)), k, v, mask, causal=False)
+
+
+class FeedForward(nn.Module):
+    """3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+        super().__init__()
+        self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(self.dropout(F.relu(self.linear1(x))))
+
+
+class Sublayer(nn.Module):
+    """Residual connection around a sublayer with LayerNorm, post-norm (paper, 5.4) or pre-norm."""
+
+    def __init__(self, d_model: int, dropout: float, pre_norm: bool):
+        super().__init__()
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
+
+    def forward(self, x: Tensor, fn) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=False)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.sub_attn, self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, pre), Sublayer(cfg.d_model, cfg.dropout, pre)
+
+    def forward(self, x: Tensor, attend: Tensor) -> Tensor:
+        x = self.sub_attn(x, lambda h: self.self_attn.forward_self(h, attend, causal=False))
+        return self.sub_ffn(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        pre = cfg.norm == "pre"
+        self.self_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=False)
+        self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.sub_self, self.sub_cross, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre) for _ in range(3))
+
+    def forward(self, x: Tensor, memory: Tensor, attend: Tensor, cache: dict | None) -> Tensor:
+        x = self.sub_self(x, lambda h: self.self_attn.forward_self(h, None, causal=True, cache=cache))
+        x = self.sub_cross(x, lambda h: self.cross_attn.forward_cross(h, memory, attend, cache))
+        return self.sub_ffn(x, self.ffn)
+
+
+class DecoderCache:
+    """Per decoder layer: self-attention keys/values of the positions so far, and the cross-attention
+    keys/values of the encoder output (computed on the first step, then reused)."""
+
+    def __init__(self, n_layers: int):
+        self.layers: list[dict] = [{} for _ in range(n_layers)]
+        self.length = 0  # target positions already in the cache
+
+    def reorder(self, index: Tensor) -> None:
+        """Select batch rows (beam search keeps the surviving hypotheses' histories)."""
+        for layer in self.layers:
+            for key, t in layer.items():
+                layer[key] = t.index_select(0, index)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int):
+        super().__init__()
+        self.cfg, self.src_vocab, self.tgt_vocab = cfg, src_vocab, tgt_vocab
+        if cfg.tie_embeddings == "all" and src_vocab != tgt_vocab:
+            raise ValueError("model.tie_embeddings=all needs one joint vocabulary (source and target sizes differ)")
+        learned = cfg.positions == "learned"
+        tgt_tokens = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=PAD)
+        src_tokens = tgt_tokens if cfg.tie_embeddings == "all" else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
+        self.src_embed = Embedding(src_tokens, cfg.max_positions, learned, cfg.dropout)
+        self.tgt_embed = Embedding(tgt_tokens, cfg.max_positions, learned, cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        pre = cfg.norm == "pre"
+        # Pre-norm leaves the residual stream unnormalized, so each stack ends with a LayerNorm.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
+        self.output = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
+        self.reset_parameters()
+        if cfg.tie_embeddings in ("all", "decoder"):
+            self.output.weight = tgt_tokens.weight  # 3.4: one matrix for embeddings and pre-softmax projection
+
+    def reset_parameters(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
+        # Embeddings ~ N(0, 1/D): multiplied by sqrt(D) (3.4) they enter the residual stream at unit scale,
+        # the same scale as the positional encoding, and as the tied output projection they give unit-scale logits.
+        for emb in {id(m): m for m in (self.src_embed.tokens, self.tgt_embed.tokens)}.values():
+            nn.init.normal_(emb.weight, 0.0, self.cfg.d_model**-0.5)
+            with torch.no_grad():
+                emb.weight[PAD].zero_()
+
+    def encode(self, src: Tensor, src_pad_mask: Tensor) -> Tensor:
+        """src (B, S) ids -> memory (B, S, D)."""
+        x, attend = self.src_embed(src), attend_mask(src_pad_mask)
+        for layer in self.encoder:
+            x = layer(x, attend)
+        return self.encoder_norm(x)
+
+    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor, cache: DecoderCache | None = None) -> Tensor:
+        """tgt_in (B, T) ids -> logits (B, T, V). With a cache, `tgt_in` holds only the new positions."""
+        offset = cache.length if cache is not None else 0
+        x, attend = self.tgt_embed(tgt_in, offset), attend_mask(src_pad_mask)
+        for i, layer in enumerate(self.decoder):
+            x = layer(x, memory, attend, cache.layers[i] if cache is not None else None)
+        if cache is not None:
+            cache.length += tgt_in.size(1)
+        return self.output(self.decoder_norm(x))
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.decoder))
+
+    def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing: logits (B, T, V) for every target position at once."""
+        return self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask)
+
+    def config_dict(self) -> dict:
+        return {"model": asdict(self.cfg), "src_vocab": self.src_vocab, "tgt_vocab": self.tgt_vocab}
+
+    @classmethod
+    def from_config_dict(cls, d: dict) -> Transformer:
+        return cls(ModelConfig(**d["model"]), d["src_vocab"], d["tgt_vocab"])
