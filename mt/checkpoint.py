@@ -1,0 +1,120 @@
+"""Self-describing checkpoints: written atomically, loaded by one function for resuming and for translating.
+
+A checkpoint holds what is needed to rebuild the model without the run's config files (model config,
+vocabulary sizes and the tokenizers themselves), and, for resuming, the optimizer, scheduler, scaler, sampler
+and every RNG state.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mt.model import Transformer
+from mt.tokenizer import Vocabs
+
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and what to do."""
+
+
+def save_atomic(obj: dict, path: Path) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename: a kill mid-save leaves the old file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with open(tmp, "wb") as f:
+        torch.save(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def load(path: str | Path) -> dict:
+    """Load a checkpoint file (or a run dir's best, else last, checkpoint) onto the CPU."""
+    path = Path(path)
+    if path.is_dir():
+        for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_averaged.pt"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise CheckpointError(f"{path}: no checkpoint_best.pt or checkpoint_last.pt; train first or pass a .pt file")
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint; pass a run dir or a .pt file written by train.py")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}); it may be truncated") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "model" not in ckpt:
+        raise CheckpointError(f"{path}: not a checkpoint of this toolkit (format {FORMAT_VERSION})")
+    ckpt["path"] = str(path)
+    return ckpt
+
+
+def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:
+    """The model (weights loaded) and tokenizers described by a checkpoint."""
+    model = Transformer.from_config_dict(ckpt["model_args"])
+    model.load_state_dict(ckpt["model"])
+    vocabs = Vocabs.from_json(ckpt["tokenizer"])
+    if len(vocabs.src) != model.src_vocab or len(vocabs.tgt) != model.tgt_vocab:
+        raise CheckpointError(
+            f"{ckpt['path']}: tokenizer has {len(vocabs.src)}/{len(vocabs.tgt)} types but the model "
+            f"{model.src_vocab}/{model.tgt_vocab}; the checkpoint is inconsistent, use another one"
+        )
+    return model, vocabs
+
+
+def epoch_checkpoints(run_dir: Path) -> list[Path]:
+    """`checkpoint{N}.pt` files, oldest first."""
+    found = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint*.pt") if (m := re.fullmatch(r"checkpoint(\d+)\.pt", p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    for p in epoch_checkpoints(run_dir)[:-keep_last] if keep_last > 0 else []:
+        p.unlink(missing_ok=True)
+
+
+def average(paths: list[Path]) -> dict:
+    """Average the model weights of several checkpoints (paper 6.1); the first one's other fields are kept."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average; train with train.keep_last >= 2 first")
+    base = load(paths[0])
+    total = {k: v.double() if v.is_floating_point() else v for k, v in base["model"].items()}
+    for p in paths[1:]:
+        state = load(p)["model"]
+        if state.keys() != total.keys():
+            raise CheckpointError(f"{p}: has different parameters from {paths[0]}; average checkpoints of one run")
+        for k, v in state.items():
+            if v.is_floating_point():
+                total[k] += v.double()
+    base["model"] = {
+        k: (v / len(paths)).to(base["model"][k].dtype) if v.is_floating_point() else v for k, v in total.items()
+    }
+    base["averaged_from"] = [str(p) for p in paths]
+    for key in ("optimizer", "scheduler", "scaler", "rng", "sampler"):
+        base.pop(key, None)
+    base.pop("path", None)
+    return base

@@ -1,0 +1,189 @@
+"""Translating a corpus in length-sorted token batches, and scoring it with sacreBLEU against raw references.
+
+Hypotheses are detokenized by the BPE decoder and scored against the untouched reference text, so the BLEU
+here is the standard sacreBLEU number (13a tokenization inside sacreBLEU), with its signature.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+from mt.batching import collate
+from mt.config import DecodeConfig
+from mt.search import Hypothesis, search
+from mt.tokenizer import Vocabs
+
+
+@dataclass
+class Translations:
+    hypotheses: list[list[Hypothesis]]  # per input line, best first
+    texts: list[str]  # detokenized best hypothesis per input line
+    seconds: float
+    n_tokens: int  # output tokens (subwords, </s> excluded)
+
+    def speed(self) -> dict:
+        return {
+            "sentences_per_s": len(self.texts) / max(self.seconds, 1e-9),
+            "tokens_per_s": self.n_tokens / max(self.seconds, 1e-9),
+            "seconds": self.seconds,
+        }
+
+
+def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Indices sorted by length, cut so that each batch has at most `max_tokens` padded source tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches, cur, longest = [], [], 0
+    for i in order:
+        longest_new = max(longest, lengths[i])
+        if cur and longest_new * (len(cur) + 1) > max_tokens:
+            batches.append(cur)
+            cur, longest_new = [], lengths[i]
+        cur.append(i)
+        longest = longest_new
+    if cur:
+        batches.append(cur)
+    return batches
+
+
+def translate_ids(
+    model, src_ids: list[list[int]], cfg: DecodeConfig, device: torch.device, autocast_dtype: torch.dtype | None
+) -> list[list[Hypothesis]]:
+    """Decode token-id sources (no specials) and return hypotheses in input order. Empty sources give ''."""
+    out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+    nonempty = [i for i, s in enumerate(src_ids) if s]
+    lengths = [len(src_ids[i]) + 1 for i in nonempty]
+    model.eval()
+    for batch_pos in token_batches(lengths, cfg.max_tokens):
+        idx = [nonempty[p] for p in batch_pos]
+        batch = collate([src_ids[i] for i in idx], None, idx).to(device)
+        with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
+            hyps = search(model, batch.src, batch.src_pad_mask, cfg)
+        for i, h in zip(idx, hyps):
+            out[i] = h
+    return out
+
+
+def translate_texts(
+    model, vocabs: Vocabs, lines: list[str], cfg: DecodeConfig, device: torch.device, autocast_dtype=None
+) -> Translations:
+    start = time.perf_counter()
+    src_ids = vocabs.src.encode_batch(lines)
+    hyps = translate_ids(model, src_ids, cfg, device, autocast_dtype)
+    texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+    n_tokens = sum(len(h[0].tokens) for h in hyps)
+    return Translations(hyps, texts, time.perf_counter() - start, n_tokens)
+
+
+def score(hyps: list[str], refs: list[str]) -> dict:
+    """Corpus BLEU (cased and lowercased), chrF, with sacreBLEU signatures."""
+    if len(hyps) != len(refs):
+        raise ValueError(f"{len(hyps)} hypotheses but {len(refs)} references")
+    bleu, bleu_lc, chrf = sacrebleu.BLEU(), sacrebleu.BLEU(lowercase=True), sacrebleu.CHRF()
+    b, blc, c = bleu.corpus_score(hyps, [refs]), bleu_lc.corpus_score(hyps, [refs]), chrf.corpus_score(hyps, [refs])
+    return {
+        "bleu": round(b.score, 2),
+        "bleu_signature": str(bleu.get_signature()),
+        "bleu_lowercase": round(blc.score, 2),
+        "bleu_lowercase_signature": str(bleu_lc.get_signature()),
+        "chrf": round(c.score, 2),
+        "chrf_signature": str(chrf.get_signature()),
+        "length_ratio": round(b.sys_len / max(b.ref_len, 1), 4),
+        "bleu_detail": str(b),
+    }
+
+
+def sentence_examples(srcs: list[str], hyps: list[str], refs: list[str], k: int = 5) -> dict:
+    """The k best and worst sentences by sentence BLEU (sentences of 5+ reference words, to skip trivia)."""
+    scored = [
+        (sacrebleu.sentence_bleu(h, [r]).score, s, h, r)
+        for s, h, r in zip(srcs, hyps, refs)
+        if len(r.split()) >= 5
+    ]
+    scored.sort(key=lambda x: x[0])
+    row = lambda x: {"sentence_bleu": round(x[0], 1), "source": x[1], "hypothesis": x[2], "reference": x[3]}  # noqa: E731
+    return {"best": [row(x) for x in scored[::-1][:k]], "worst": [row(x) for x in scored[:k]]}
+
+
+def write_report(
+    out_dir: Path, name: str, srcs: list[str], hyps: list[str], refs: list[str], extra: dict
+) -> dict:
+    """Score and write `report.json` and `report.md` (named `{name}.report.*` when name is given)."""
+    report = {"name": name, "sentences": len(hyps), **score(hyps, refs), **extra}
+    report["examples"] = sentence_examples(srcs, hyps, refs)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"{name}.report" if name else "report"
+    (out_dir / f"{stem}.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    (out_dir / f"{stem}.md").write_text(report_markdown(report))
+    return report
+
+
+def report_markdown(r: dict) -> str:
+    lines = [
+        f"# Translation report: {r['name'] or 'hypotheses'}",
+        "",
+        "| metric | value | sacreBLEU signature |",
+        "|---|---|---|",
+        f"| BLEU | {r['bleu']:.2f} | `{r['bleu_signature']}` |",
+        f"| BLEU (lowercased) | {r['bleu_lowercase']:.2f} | `{r['bleu_lowercase_signature']}` |",
+        f"| chrF | {r['chrf']:.2f} | `{r['chrf_signature']}` |",
+        f"| length ratio (hyp/ref) | {r['length_ratio']:.3f} | |",
+        "",
+        f"`{r['bleu_detail']}`",
+        "",
+    ]
+    for key in ("sentences", "sentences_per_s", "tokens_per_s", "decode", "checkpoint"):
+        if key in r:
+            val = f"{r[key]:.1f}" if isinstance(r[key], float) else r[key]
+            lines.append(f"- {key.replace('_', ' ')}: {val}")
+    for which in ("best", "worst"):
+        lines += ["", f"## {which.capitalize()} sentences by sentence BLEU", ""]
+        for ex in r["examples"][which]:
+            lines += [
+                f"- **{ex['sentence_bleu']}** SRC: {ex['source']}",
+                f"  HYP: {ex['hypothesis']}",
+                f"  REF: {ex['reference']}",
+            ]
+    return "\n".join(lines) + "\n"
+
+
+def cross_attention(model, vocabs: Vocabs, src_ids: list[int], out_ids: list[int], layer: int) -> torch.Tensor:
+    """Cross-attention of the output tokens (with </s>) over the source tokens (with </s>), mean over heads:
+    a (T, S) matrix, teacher-forced through the chosen decoder layer."""
+    from mt.tokenizer import BOS, EOS
+
+    device = next(model.parameters()).device
+    attn = model.decoder[layer].cross_attn
+    src = torch.tensor([src_ids + [EOS]], device=device)
+    tgt_in = torch.tensor([[BOS] + out_ids], device=device)
+    attn.keep_weights = True
+    try:
+        with torch.no_grad():
+            model.eval()
+            model(src, src.eq(-1), tgt_in)
+        return attn.weights[0].float().mean(0).cpu()  # (T, S)
+    finally:
+        attn.keep_weights, attn.weights = False, None
+
+
+def plot_attention(matrix: torch.Tensor, src_tokens: list[str], out_tokens: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    T, S = matrix.shape
+    fig, ax = plt.subplots(figsize=(max(4, 0.4 * S + 2), max(3, 0.4 * T + 1.5)))
+    ax.imshow(matrix.numpy(), cmap="viridis", aspect="auto")
+    ax.set_xticks(range(S), src_tokens, rotation=90)
+    ax.set_yticks(range(T), out_tokens)
+    ax.set_xlabel("source")
+    ax.set_ylabel("output")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

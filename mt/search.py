@@ -1,0 +1,210 @@
+"""Greedy and beam search over a model's `encode` / `decode` (and its incremental-decoding cache).
+
+Both search all sentences of a batch at once. Beam search keeps the B sentences x K beams as one (B*K, ...)
+batch, and each step is three small functions: `expand` (score every continuation), `finalize` (hypotheses that
+chose </s> leave the beam) and `prune` (the K best others survive, their caches reordered). Sentences whose search
+is over are dropped from the batch so later steps only compute what is still live.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from mt.config import DecodeConfig
+from mt.tokenizer import BOS, EOS, PAD, UNK
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without <s> and </s>
+    score: float  # log-probability after the length penalty (what hypotheses are ranked by)
+    logprob: float  # raw sum of token log-probabilities, </s> included
+
+
+def max_lengths(src_pad_mask: Tensor, a: float, b: int, cap: int) -> Tensor:
+    """(B,) output length limits `a * src_len + b` (</s> included), at most `cap` (the model's positions)."""
+    src_len = (~src_pad_mask).sum(1)
+    return (src_len.float() * a + b).floor().long().clamp(min=1, max=cap)
+
+
+def length_penalty(length: Tensor | int, alpha: float, kind: str) -> Tensor | float:
+    """GNMT (Wu et al. 2016): ((5 + len) / 6)^alpha; "average": len^alpha. Scores are divided by it."""
+    if alpha == 0:
+        return 1.0 if isinstance(length, int) else torch.ones_like(length, dtype=torch.float)
+    if kind == "gnmt":
+        return ((5 + length) / 6) ** alpha
+    return length**alpha if isinstance(length, int) else length.float() ** alpha
+
+
+def _next_logprobs(model, tokens: Tensor, memory: Tensor, src_pad_mask: Tensor, cache) -> Tensor:
+    """Log-probabilities (N, V) of the next token after `tokens` (N, t), in fp32."""
+    if cache is not None:
+        logits = model.decode(tokens[:, -1:], memory, src_pad_mask, cache)
+    else:
+        logits = model.decode(tokens, memory, src_pad_mask)
+    return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+
+def _forbid(logp: Tensor, step: int, max_len: Tensor, no_unk: bool) -> Tensor:
+    """Never <pad> or <s> (optionally <unk>); at a sentence's length limit only </s> is allowed."""
+    logp[:, PAD] = -math.inf
+    logp[:, BOS] = -math.inf
+    if no_unk:
+        logp[:, UNK] = -math.inf
+    at_limit = max_len <= step + 1  # (N,) this step writes the last allowed position
+    if at_limit.any():
+        eos = logp[at_limit, EOS].clone()
+        logp[at_limit] = -math.inf
+        logp[at_limit, EOS] = eos
+    return logp
+
+
+@torch.no_grad()
+def greedy_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    """Pick the most probable token at each step, for the whole batch, until every sentence has emitted </s>."""
+    B, device = src.size(0), src.device
+    memory = model.encode(src, src_pad_mask)
+    max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
+    cache = model.new_cache() if cfg.use_cache else None
+    tokens = torch.full((B, 1), BOS, dtype=torch.long, device=device)
+    logprob = torch.zeros(B, device=device)
+    finished = torch.zeros(B, dtype=torch.bool, device=device)
+    for step in range(int(max_len.max())):
+        logp = _forbid(_next_logprobs(model, tokens, memory, src_pad_mask, cache), step, max_len, cfg.no_unk)
+        best, next_tok = logp.max(dim=-1)
+        next_tok = next_tok.masked_fill(finished, PAD)
+        logprob += best.masked_fill(finished, 0.0)
+        tokens = torch.cat([tokens, next_tok[:, None]], dim=1)
+        finished |= next_tok == EOS
+        if finished.all():
+            break
+    out = []
+    for i in range(B):
+        seq = tokens[i, 1:].tolist()
+        n = seq.index(EOS) if EOS in seq else len(seq)
+        lp = length_penalty(n + 1, cfg.length_penalty, cfg.length_penalty_type)
+        out.append([Hypothesis(seq[:n], float(logprob[i]) / lp, float(logprob[i]))])
+    return out
+
+
+class BeamState:
+    """The live part of a batched beam search: `n` sentences still searching, K beams each."""
+
+    def __init__(self, model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig):
+        B, K, device = src.size(0), cfg.beam_size, src.device
+        self.K, self.cfg = K, cfg
+        memory = model.encode(src, src_pad_mask)
+        # Every beam of a sentence reads the same encoder output: repeat it K times, (B*K, S, D).
+        self.memory = memory.repeat_interleave(K, dim=0)
+        self.src_pad_mask = src_pad_mask.repeat_interleave(K, dim=0)
+        self.max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
+        self.cache = model.new_cache() if cfg.use_cache else None
+        self.tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
+        # Only beam 0 is live at the start, so the first expansion does not pick K copies of the same token.
+        self.scores = torch.full((B, K), -math.inf, device=device)
+        self.scores[:, 0] = 0.0
+        self.sentence = torch.arange(B, device=device)  # original index of each live sentence
+        self.finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+
+
+def expand(state: BeamState, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Score all K*V continuations of each sentence's beams; return the 2K best: scores, beam, token (n, 2K).
+
+    2K candidates guarantee K that do not end in </s> (at most one </s> per beam).
+    """
+    n, K = state.scores.shape
+    V = logp.size(-1)
+    total = state.scores[:, :, None] + logp.view(n, K, V)  # (n, K, V)
+    top_scores, top_idx = total.view(n, K * V).topk(min(2 * K, K * V), dim=1)
+    return top_scores, top_idx // V, top_idx % V
+
+
+def finalize(state: BeamState, step: int, scores: Tensor, beams: Tensor, tokens: Tensor) -> None:
+    """Move candidates that end in </s> (among the top K of their sentence) to the finished hypotheses."""
+    K, cfg = state.K, state.cfg
+    is_eos = (tokens[:, :K] == EOS) & torch.isfinite(scores[:, :K])
+    if not is_eos.any():
+        return
+    length = step + 1  # tokens after <s>, </s> included
+    lp = length_penalty(length, cfg.length_penalty, cfg.length_penalty_type)
+    for i, j in is_eos.nonzero().tolist():
+        row = i * K + int(beams[i, j])  # the parent beam's row in the (n*K) batch
+        raw = float(scores[i, j])
+        hyps = state.finished[int(state.sentence[i])]
+        if len(hyps) < K:
+            hyps.append(Hypothesis(state.tokens[row, 1:].tolist(), raw / lp, raw))
+
+
+def is_done(state: BeamState, step: int) -> Tensor:
+    """(n,) whether each live sentence is finished: K hypotheses ended, or none of the live beams can still
+    beat the nbest-th finished one (raw scores only fall; the length penalty is largest at the length limit)."""
+    cfg = state.cfg
+    done = []
+    best_live = state.scores.max(dim=1).values
+    for i, sent in enumerate(state.sentence.tolist()):
+        hyps = state.finished[sent]
+        if len(hyps) >= state.K or step + 1 >= int(state.max_len[i]):
+            done.append(True)
+            continue
+        if len(hyps) < cfg.nbest:
+            done.append(False)
+            continue
+        kth = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
+        bound = float(best_live[i])
+        if cfg.length_penalty > 0:
+            bound /= length_penalty(int(state.max_len[i]), cfg.length_penalty, cfg.length_penalty_type)
+        done.append(bound <= kth)
+    return torch.tensor(done, dtype=torch.bool, device=state.scores.device)
+
+
+def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> None:
+    """Keep the K best candidates not ending in </s> as the new beams; reorder tokens and cache to match."""
+    n, K = state.scores.shape
+    live_scores = scores.masked_fill(tokens == EOS, -math.inf)
+    keep_scores, keep = live_scores.topk(K, dim=1)  # (n, K) positions among the 2K candidates
+    beam = beams.gather(1, keep)
+    rows = (torch.arange(n, device=beam.device)[:, None] * K + beam).view(-1)  # (n*K,) parent rows
+    state.tokens = torch.cat([state.tokens[rows], tokens.gather(1, keep).view(-1, 1)], dim=1)
+    state.scores = keep_scores
+    if state.cache is not None:
+        state.cache.reorder(rows)
+
+
+def drop_done(state: BeamState, done: Tensor) -> None:
+    """Remove finished sentences from the live batch (their K rows in every tensor and in the cache)."""
+    keep = (~done).nonzero().squeeze(1)  # (n',)
+    rows = (keep[:, None] * state.K + torch.arange(state.K, device=keep.device)).view(-1)
+    state.sentence, state.scores, state.max_len = state.sentence[keep], state.scores[keep], state.max_len[keep]
+    state.tokens, state.memory = state.tokens[rows], state.memory[rows]
+    state.src_pad_mask = state.src_pad_mask[rows]
+    if state.cache is not None:
+        state.cache.reorder(rows)
+
+
+@torch.no_grad()
+def beam_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    """Batched beam search; returns, per sentence, its `cfg.nbest` best hypotheses by length-penalised score."""
+    state = BeamState(model, src, src_pad_mask, cfg)
+    for step in range(int(state.max_len.max())):
+        logp = _next_logprobs(model, state.tokens, state.memory, state.src_pad_mask, state.cache)
+        logp = _forbid(logp, step, state.max_len.repeat_interleave(state.K), cfg.no_unk)
+        scores, beams, tokens = expand(state, logp)
+        finalize(state, step, scores, beams, tokens)
+        prune(state, scores, beams, tokens)
+        done = is_done(state, step)
+        if done.all():
+            break
+        if done.any():
+            drop_done(state, done)
+    return [sorted(h, key=lambda h: -h.score)[: cfg.nbest] for h in state.finished]
+
+
+def search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+    """Greedy for beam size 1 (the same result as beam search with K=1, faster), else beam search."""
+    if cfg.beam_size == 1:
+        return greedy_search(model, src, src_pad_mask, cfg)
+    return beam_search(model, src, src_pad_mask, cfg)
