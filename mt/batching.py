@@ -89,7 +89,8 @@ class TokenBucketSampler(Sampler[list[int]]):
             batches = [batches[i] for i in rng.permutation(len(batches))]
         if self.num_replicas > 1:
             per_rank = -(-len(batches) // self.num_replicas)
-            batches = (batches * 2)[: per_rank * self.num_replicas][self.rank :: self.num_replicas]
+            batches = [batches[i % len(batches)] for i in range(per_rank * self.num_replicas)]
+            batches = batches[self.rank :: self.num_replicas]
         return batches
 
     def batches(self) -> list[np.ndarray]:

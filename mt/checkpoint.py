@@ -60,7 +60,9 @@ def load(path: str | Path) -> dict:
                 path = path / name
                 break
         else:
-            raise CheckpointError(f"{path}: no checkpoint_best.pt or checkpoint_last.pt; train first or pass a .pt file")
+            raise CheckpointError(
+                f"{path}: no checkpoint_best.pt or checkpoint_last.pt; train first or pass a .pt file"
+            )
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint; pass a run dir or a .pt file written by train.py")
     try:
@@ -88,7 +90,11 @@ def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:
 
 def epoch_checkpoints(run_dir: Path) -> list[Path]:
     """`checkpoint{N}.pt` files, oldest first."""
-    found = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint*.pt") if (m := re.fullmatch(r"checkpoint(\d+)\.pt", p.name))]
+    found = [
+        (int(m.group(1)), p)
+        for p in run_dir.glob("checkpoint*.pt")
+        if (m := re.fullmatch(r"checkpoint(\d+)\.pt", p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 

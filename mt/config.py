@@ -178,9 +178,7 @@ def validate(cfg: Config) -> None:
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {cfg.data.src_lang!r}; pick two languages")
     if cfg.model.d_model % cfg.model.n_heads:
-        raise ConfigError(
-            f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}"
-        )
+        raise ConfigError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
     if cfg.model.tie_embeddings == "all" and not cfg.tokenizer.joint:
         raise ConfigError(
             "model.tie_embeddings=all needs a joint vocabulary; set tokenizer.joint=true "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import logging
 from collections.abc import Iterator
@@ -31,22 +30,24 @@ class DataError(ValueError):
 # --------------------------------------------------------------------------------------------- reading files
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
-    # Strict decoding: a corpus with bad bytes is reported, not silently "fixed" with replacement characters.
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="\n")
+def _open_binary(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
 
 
 def read_lines(path: Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or gzipped) without their newline."""
+    """Yield the lines of a UTF-8 text file (plain or gzipped) without their newline.
+
+    Lines are decoded one by one and strictly: bad bytes are reported with their line number, not silently
+    replaced.
+    """
     lineno = 0
     try:
-        with _open_text(path) as f:
-            for lineno, line in enumerate(f, start=1):  # noqa: B007
-                yield line.rstrip("\n").rstrip("\r")
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, start=1):  # noqa: B007
+                yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
     except UnicodeDecodeError as e:
         raise DataError(
-            f"{path}:{lineno + 1}: bytes that are not UTF-8 ({e.reason} at byte {e.start}); "
+            f"{path}:{lineno}: bytes that are not UTF-8 ({e.reason} at byte {e.start} of the line); "
             "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from None
     except (gzip.BadGzipFile, EOFError) as e:
@@ -124,9 +125,7 @@ def _fingerprint(*paths: Path) -> str:
 def _from_generator(gen, gen_kwargs: dict, cfg: DataConfig) -> datasets.Dataset:
     features = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
     try:
-        return datasets.Dataset.from_generator(
-            gen, gen_kwargs=gen_kwargs, features=features, cache_dir=cfg.cache_dir
-        )
+        return datasets.Dataset.from_generator(gen, gen_kwargs=gen_kwargs, features=features, cache_dir=cfg.cache_dir)
     except datasets.exceptions.DatasetGenerationError as e:
         # Our own one-line errors are raised inside the generator; datasets wraps them.
         if isinstance(e.__cause__, DataError):
@@ -268,5 +267,3 @@ def filter_lengths(ds: datasets.Dataset, max_len: int, max_ratio: float, where: 
 def describe(cfg: DataConfig) -> str:
     where = cfg.dir if cfg.format != "hub" else cfg.hub_name
     return f"{cfg.name} {cfg.src_lang}->{cfg.tgt_lang} ({cfg.format}: {where})"
-
-

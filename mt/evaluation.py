@@ -17,7 +17,7 @@ import torch
 from mt.batching import collate
 from mt.config import DecodeConfig
 from mt.search import Hypothesis, search
-from mt.tokenizer import Vocabs
+from mt.tokenizer import BOS, EOS, Vocabs
 
 
 @dataclass
@@ -54,8 +54,9 @@ def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
 def translate_ids(
     model, src_ids: list[list[int]], cfg: DecodeConfig, device: torch.device, autocast_dtype: torch.dtype | None
 ) -> list[list[Hypothesis]]:
-    """Decode token-id sources (no specials) and return hypotheses in input order. Empty sources give ''."""
-    out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] for _ in src_ids]
+    """Decode token-id sources (no specials) and return hypotheses in input order. An empty source gives
+    `nbest` empty hypotheses (an empty line in, an empty line out)."""
+    out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]
     nonempty = [i for i, s in enumerate(src_ids) if s]
     lengths = [len(src_ids[i]) + 1 for i in nonempty]
     model.eval()
@@ -101,18 +102,14 @@ def score(hyps: list[str], refs: list[str]) -> dict:
 def sentence_examples(srcs: list[str], hyps: list[str], refs: list[str], k: int = 5) -> dict:
     """The k best and worst sentences by sentence BLEU (sentences of 5+ reference words, to skip trivia)."""
     scored = [
-        (sacrebleu.sentence_bleu(h, [r]).score, s, h, r)
-        for s, h, r in zip(srcs, hyps, refs)
-        if len(r.split()) >= 5
+        (sacrebleu.sentence_bleu(h, [r]).score, s, h, r) for s, h, r in zip(srcs, hyps, refs) if len(r.split()) >= 5
     ]
     scored.sort(key=lambda x: x[0])
     row = lambda x: {"sentence_bleu": round(x[0], 1), "source": x[1], "hypothesis": x[2], "reference": x[3]}  # noqa: E731
     return {"best": [row(x) for x in scored[::-1][:k]], "worst": [row(x) for x in scored[:k]]}
 
 
-def write_report(
-    out_dir: Path, name: str, srcs: list[str], hyps: list[str], refs: list[str], extra: dict
-) -> dict:
+def write_report(out_dir: Path, name: str, srcs: list[str], hyps: list[str], refs: list[str], extra: dict) -> dict:
     """Score and write `report.json` and `report.md` (named `{name}.report.*` when name is given)."""
     report = {"name": name, "sentences": len(hyps), **score(hyps, refs), **extra}
     report["examples"] = sentence_examples(srcs, hyps, refs)
@@ -155,8 +152,6 @@ def report_markdown(r: dict) -> str:
 def cross_attention(model, vocabs: Vocabs, src_ids: list[int], out_ids: list[int], layer: int) -> torch.Tensor:
     """Cross-attention of the output tokens (with </s>) over the source tokens (with </s>), mean over heads:
     a (T, S) matrix, teacher-forced through the chosen decoder layer."""
-    from mt.tokenizer import BOS, EOS
-
     device = next(model.parameters()).device
     attn = model.decoder[layer].cross_attn
     src = torch.tensor([src_ids + [EOS]], device=device)

@@ -202,7 +202,9 @@ class Transformer(nn.Module):
             raise ValueError("model.tie_embeddings=all needs one joint vocabulary (source and target sizes differ)")
         learned = cfg.positions == "learned"
         tgt_tokens = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=PAD)
-        src_tokens = tgt_tokens if cfg.tie_embeddings == "all" else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
+        src_tokens = (
+            tgt_tokens if cfg.tie_embeddings == "all" else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
+        )
         self.src_embed = Embedding(src_tokens, cfg.max_positions, learned, cfg.dropout)
         self.tgt_embed = Embedding(tgt_tokens, cfg.max_positions, learned, cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))

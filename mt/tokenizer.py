@@ -147,7 +147,9 @@ def build_vocabs(cfg: TokenizerConfig, train: datasets.Dataset, run_dir: Path) -
             vocab = Vocab.from_file(run_dir / "tokenizer.json")
             vocabs = Vocabs(vocab, vocab)
         else:
-            vocabs = Vocabs(Vocab.from_file(run_dir / "tokenizer.src.json"), Vocab.from_file(run_dir / "tokenizer.tgt.json"))
+            vocabs = Vocabs(
+                Vocab.from_file(run_dir / "tokenizer.src.json"), Vocab.from_file(run_dir / "tokenizer.tgt.json")
+            )
         log.info("tokenizer: reusing %s (data and tokenizer config unchanged)", run_dir)
         return vocabs
     if cfg.joint:
@@ -157,7 +159,9 @@ def build_vocabs(cfg: TokenizerConfig, train: datasets.Dataset, run_dir: Path) -
         vocabs = Vocabs(train_vocab(cfg, train, ("src",)), train_vocab(cfg, train, ("tgt",)))
     vocabs.save(run_dir)
     meta.write_text(json.dumps({"key": key, "config": asdict(cfg)}, indent=2))
-    log.info("tokenizer: trained BPE, %d source / %d target types, saved in %s", len(vocabs.src), len(vocabs.tgt), run_dir)
+    log.info(
+        "tokenizer: trained BPE, %d source / %d target types, saved in %s", len(vocabs.src), len(vocabs.tgt), run_dir
+    )
     return vocabs
 
 

@@ -116,9 +116,13 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
     train = data.filter_lengths(tokenize(train, vocabs), max_len, dc.max_ratio, f"{dc.name}/{dc.train_split}")
     valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
     valid = tokenize(valid, vocabs)
-    too_long = valid.filter(lambda b: [max(len(s), len(t)) > max_len for s, t in zip(b["src_ids"], b["tgt_ids"])], batched=True)
+    too_long = valid.filter(
+        lambda b: [max(len(s), len(t)) > max_len for s, t in zip(b["src_ids"], b["tgt_ids"])], batched=True
+    )
     if len(too_long):
-        log.warning("%s: %d pairs longer than %d tokens are truncated for validation", dc.valid_split, len(too_long), max_len)
+        log.warning(
+            "%s: %d pairs longer than %d tokens are truncated for validation", dc.valid_split, len(too_long), max_len
+        )
         valid = valid.map(lambda b: {k: [x[:max_len] for x in b[k]] for k in ("src_ids", "tgt_ids")}, batched=True)
     return Corpus(vocabs, train, valid)
 
@@ -248,9 +252,9 @@ class Trainer:
 
     def bleu(self, ds: datasets.Dataset, decode_cfg: DecodeConfig) -> dict:
         start = time.perf_counter()
-        hyps = translate_ids(self.model, ds["src_ids"], decode_cfg, self.device, self.amp)
+        hyps = translate_ids(self.model, list(ds["src_ids"]), decode_cfg, self.device, self.amp)
         texts = self.corpus.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
-        s = score(texts, ds["tgt"])
+        s = score(texts, list(ds["tgt"]))
         return {"valid_bleu": s["bleu"], "valid_chrf": s["chrf"], "valid_decode_s": time.perf_counter() - start}
 
     # ---------------------------------------------------------------------------- checkpoints
@@ -420,14 +424,14 @@ def evaluate_splits(trainer: Trainer, model: Transformer, splits: list[str], tag
     for split in splits:
         ds = data.drop_empty(data.load_split(cfg.data, split), f"{cfg.data.name}/{split}")
         start = time.perf_counter()
-        hyps = translate_ids(model, vocabs.src.encode_batch(ds["src"]), cfg.decode, trainer.device, trainer.amp)
+        hyps = translate_ids(model, vocabs.src.encode_batch(list(ds["src"])), cfg.decode, trainer.device, trainer.amp)
         seconds = time.perf_counter() - start
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
         (trainer.run_dir / f"{split}.hyp").write_text("".join(t + "\n" for t in texts))
         speed = {"sentences_per_s": len(texts) / seconds,
                  "tokens_per_s": sum(len(h[0].tokens) for h in hyps) / seconds}  # fmt: skip
         extra = {**speed, "decode": asdict(cfg.decode), "checkpoint": tag}
-        report = write_report(trainer.run_dir, split, ds["src"], texts, ds["tgt"], extra)
+        report = write_report(trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), extra)
         log.info("%s (%s): BLEU %.2f, lowercased BLEU %.2f, chrF %.2f, %.1f sentences/s", split, tag,
                  report["bleu"], report["bleu_lowercase"], report["chrf"], speed["sentences_per_s"])  # fmt: skip
         reports.append(report)

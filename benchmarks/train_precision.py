@@ -1,0 +1,85 @@
+"""Training-step throughput of this project's Transformer, fp32 vs bf16 autocast, on real Multi30k batches.
+
+    python benchmarks/train_precision.py [--model transformer_small] [--max-tokens 4096] [--steps 20]
+
+A step is what the trainer does per update: forward, label-smoothed loss, backward, clip, Adam. Batches come from
+the token-bucket sampler over Multi30k train with an 8k joint BPE. The precisions are interleaved step by step
+(same batches, same process) so machine noise hits both alike; the table gives median [min..max] target tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import datasets
+import torch
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mt.batching import BatchLoader  # noqa: E402
+from mt.config import register_configs, to_dataclass  # noqa: E402
+from mt.model import Transformer  # noqa: E402
+from mt.training import label_smoothed_loss, make_sampler, prepare_data  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="transformer_small")
+    ap.add_argument("--max-tokens", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    datasets.disable_progress_bars()
+    logging.basicConfig(level=logging.WARNING)
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = to_dataclass(compose("config", overrides=[f"model={args.model}", "run_dir=x"]))
+    corpus = prepare_data(cfg, Path(tempfile.mkdtemp()), cfg.model.max_positions)
+    sampler = make_sampler(corpus.train, args.max_tokens, seed=1, shuffle=True)
+    batches = list(BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler))
+    batches = batches[: args.steps + args.warmup]
+
+    systems = {}
+    for name, dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
+        torch.manual_seed(0)
+        model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+        systems[name] = (model, opt, dtype)
+
+    def step(model, opt, dtype, b) -> None:
+        model.train()
+        with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+            logits = model(b.src, b.src_pad_mask, b.tgt_in)
+        loss, _ = label_smoothed_loss(logits, b.tgt_out, 0.1)
+        (loss / b.n_tgt_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    rates: dict[str, list[float]] = {k: [] for k in systems}
+    for i, b in enumerate(batches):
+        for name, (model, opt, dtype) in systems.items():
+            t = time.perf_counter()
+            step(model, opt, dtype, b)
+            if i >= args.warmup:
+                rates[name].append(b.n_tgt_tokens / (time.perf_counter() - t))
+    n_params = sum(p.numel() for p in systems["fp32"][0].parameters())
+    print(f"model {args.model} ({n_params / 1e6:.1f}M parameters), batches of <= {args.max_tokens} padded tokens, "
+          f"{args.steps} timed steps, torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
+    print(f"{'precision':<16}{'target tokens/s median [min..max]':>40}{'vs fp32':>10}")
+    base = statistics.median(rates["fp32"])
+    for name, r in rates.items():
+        med = statistics.median(r)
+        print(f"{name:<16}{med:>18.0f} [{min(r):.0f}..{max(r):.0f}]{'':>6}{med / base:>9.2f}x")
+
+
+if __name__ == "__main__":
+    main()

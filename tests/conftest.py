@@ -1,0 +1,58 @@
+"""Shared fixtures: tiny corpora written to tmp dirs, the real Multi30k location, tiny model configs."""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import random
+from pathlib import Path
+
+import datasets
+import pytest
+
+from mt.config import ModelConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+MULTI30K = (ROOT / ".." / "shared" / "data" / "multi30k").resolve()
+
+datasets.disable_progress_bars()
+logging.getLogger("mt").setLevel(logging.INFO)
+
+
+def needs_multi30k():
+    return pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason=f"Multi30k not found at {MULTI30K}")
+
+
+def read_gz(path: Path, n: int | None = None) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return lines[:n] if n else lines
+
+
+@pytest.fixture(scope="session")
+def multi30k_subset(tmp_path_factory) -> Path:
+    """The first lines of real Multi30k en/de, as plain files in the Multi30k layout."""
+    out = tmp_path_factory.mktemp("m30k")
+    for split, n in (("train", 3000), ("val", 60), ("test_2016_flickr", 40)):
+        for lang in ("en", "de"):
+            (out / f"{split}.{lang}").write_text("\n".join(read_gz(MULTI30K / f"{split}.{lang}.gz", n)) + "\n")
+    return out
+
+
+@pytest.fixture
+def toy_corpus(tmp_path) -> Path:
+    """A made-up parallel corpus: 'xx' sentences and their reversed-word 'yy' translations."""
+    rng = random.Random(0)
+    words = "the a cat dog sees runs big small red house tree and".split()
+    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) for _ in range(n)]
+        (tmp_path / f"{split}.xx").write_text("\n".join(src) + "\n")
+        (tmp_path / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+    return tmp_path
+
+
+def tiny_model_config(**overrides) -> ModelConfig:
+    cfg = dict(name="tiny", d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
+               max_positions=128)  # fmt: skip
+    cfg.update(overrides)
+    return ModelConfig(**cfg)

@@ -1,0 +1,75 @@
+"""BPE training, special-token ids, lossless round trip on real Multi30k val, reuse of a trained tokenizer."""
+
+import datasets
+import pytest
+
+from mt import data
+from mt.config import DataConfig, TokenizerConfig
+from mt.tokenizer import BOS, EOS, PAD, UNK, Vocab, build_vocabs, tokenize
+from tests.conftest import MULTI30K, needs_multi30k
+
+
+@pytest.fixture(scope="module")
+def multi30k_vocab(tmp_path_factory):
+    cfg = DataConfig(name="multi30k", dir=str(MULTI30K), src_lang="en", tgt_lang="de")
+    train = data.load_split(cfg, "train")
+    vocabs = build_vocabs(TokenizerConfig(vocab_size=8000), train, tmp_path_factory.mktemp("tok"))
+    return vocabs, data.load_split(cfg, "val")
+
+
+@needs_multi30k()
+def test_round_trip_on_multi30k_val(multi30k_vocab):
+    vocabs, val = multi30k_vocab
+    assert vocabs.joint and len(vocabs.src) == 8000
+    checked = 0
+    for line in list(val["src"]) + list(val["tgt"]):
+        ids = vocabs.src.encode(line)
+        if UNK in ids:  # characters never seen in training cannot round-trip
+            continue
+        assert vocabs.src.decode(ids) == line
+        checked += 1
+    assert checked >= 0.99 * 2 * len(val)
+
+
+@needs_multi30k()
+def test_special_token_ids(multi30k_vocab):
+    vocab = multi30k_vocab[0].src
+    assert [vocab.tokenizer.token_to_id(t) for t in ("<pad>", "<unk>", "<s>", "</s>")] == [PAD, UNK, BOS, EOS]
+    assert vocab.decode([BOS] + vocab.encode("Ein Hund.") + [EOS, PAD]) == "Ein Hund."
+
+
+def tiny_train():
+    return datasets.Dataset.from_dict(
+        {"src": ["a small cat", "the dog runs"] * 50, "tgt": ["eine kleine Katze", "der Hund rennt"] * 50}
+    )
+
+
+def test_reused_when_unchanged_and_retrained_when_config_changes(tmp_path):
+    train = tiny_train()
+    v1 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), train, tmp_path)
+    mtime = (tmp_path / "tokenizer.json").stat().st_mtime_ns
+    v2 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), train, tmp_path)
+    assert (tmp_path / "tokenizer.json").stat().st_mtime_ns == mtime and v1.src.digest() == v2.src.digest()
+    v3 = build_vocabs(TokenizerConfig(vocab_size=50, min_frequency=1), train, tmp_path)
+    assert len(v3.src) == 50
+
+
+def test_separate_vocabularies(tmp_path):
+    vocabs = build_vocabs(TokenizerConfig(vocab_size=40, joint=False, min_frequency=1), tiny_train(), tmp_path)
+    assert not vocabs.joint
+    assert (tmp_path / "tokenizer.src.json").is_file() and (tmp_path / "tokenizer.tgt.json").is_file()
+    assert "Katze" not in vocabs.src.decode(vocabs.src.encode("Katze")) or UNK in vocabs.src.encode("Katze")
+
+
+def test_tokenize_adds_id_columns_and_is_cached(tmp_path):
+    train = tiny_train()
+    vocabs = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), train, tmp_path)
+    a, b = tokenize(train, vocabs), tokenize(train, vocabs)
+    assert a._fingerprint == b._fingerprint
+    assert a[0]["src_ids"] == vocabs.src.encode("a small cat")
+
+
+def test_broken_tokenizer_file(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not a usable tokenizer.json"):
+        Vocab.from_file(tmp_path / "tokenizer.json")
