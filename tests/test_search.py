@@ -1,0 +1,165 @@
+"""Greedy and beam search: an oracle model with hand-written distributions, and equivalences on a trained model."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mt.config import DecodeConfig
+from mt.model import Transformer
+from mt.search import beam_search, greedy_search, length_penalty, max_lengths
+from mt.tokenizer import BOS, EOS, PAD, UNK
+from tests.conftest import tiny_model_config
+
+A, B = 4, 5
+V = 6
+
+
+class OracleModel:
+    """next-token probabilities by prefix (tokens after <s>); unknown prefixes end the sentence."""
+
+    def __init__(self, table: dict[tuple, dict[int, float]]):
+        self.table = table
+        self.cfg = SimpleNamespace(max_positions=64)
+
+    def encode(self, src, src_pad_mask):
+        return torch.zeros(src.size(0), src.size(1), 1)
+
+    def new_cache(self):
+        raise AssertionError("the oracle is used without a cache")
+
+    def decode(self, tgt_in, memory, src_pad_mask, cache=None):
+        N, T = tgt_in.shape
+        logits = torch.full((N, T, V), -1e9)
+        for n in range(N):
+            for t in range(T):
+                prefix = tuple(tgt_in[n, 1 : t + 1].tolist())
+                for tok, p in self.table.get(prefix, {EOS: 1.0}).items():
+                    logits[n, t, tok] = math.log(p)
+        return logits
+
+
+TABLE = {
+    (): {A: 0.5, B: 0.4, EOS: 0.1},
+    (A,): {EOS: 0.6, A: 0.2, B: 0.2},
+    (B,): {A: 0.9, B: 0.05, EOS: 0.05},
+    (B, A): {EOS: 0.5, A: 0.25, B: 0.25},
+    (A, A): {EOS: 0.5, A: 0.5},
+}
+
+
+def run(table, **kw):
+    cfg = DecodeConfig(use_cache=False, max_len_a=0.0, max_len_b=10, **kw)
+    src = torch.tensor([[7, 8, EOS]])
+    return beam_search(OracleModel(table), src, src.eq(PAD), cfg)[0]
+
+
+def test_best_hypothesis_finishes_early_and_wins():
+    # After step 1 the live beam "B A" (0.36) is ahead of the finished "A" (0.3), but it ends at 0.18.
+    hyps = run(TABLE, beam_size=2, nbest=2, length_penalty=0.0)
+    assert [h.tokens for h in hyps] == [[A], [B, A]]
+    assert hyps[0].score == pytest.approx(math.log(0.5 * 0.6))
+    assert hyps[1].score == pytest.approx(math.log(0.4 * 0.9 * 0.5))
+
+
+def test_length_penalty_changes_the_winner():
+    # Average per token (alpha 1): "A </s>" log(.3)/2 = -0.602 < "B A </s>" log(.18)/3 = -0.572.
+    hyps = run(TABLE, beam_size=2, nbest=2, length_penalty=1.0, length_penalty_type="average")
+    assert [h.tokens for h in hyps] == [[B, A], [A]]
+    assert hyps[0].score == pytest.approx(math.log(0.18) / 3) and hyps[0].logprob == pytest.approx(math.log(0.18))
+    assert hyps[1].score == pytest.approx(math.log(0.3) / 2)
+    # GNMT alpha 1: ((5+2)/6) vs ((5+3)/6): "A" keeps the lead.
+    gnmt = run(TABLE, beam_size=2, nbest=1, length_penalty=1.0, length_penalty_type="gnmt")
+    assert gnmt[0].tokens == [A] and gnmt[0].score == pytest.approx(math.log(0.3) / (7 / 6))
+
+
+def test_never_selects_pad_and_optionally_not_unk():
+    table = {(): {PAD: 0.5, UNK: 0.3, A: 0.2}, (A,): {PAD: 0.9, EOS: 0.1}, (UNK,): {EOS: 1.0}}
+    assert run(table, beam_size=2, nbest=1, length_penalty=0.0)[0].tokens == [UNK]
+    assert run(table, beam_size=2, nbest=1, length_penalty=0.0, no_unk=True)[0].tokens == [A]
+
+
+def test_greedy_on_the_oracle():
+    cfg = DecodeConfig(beam_size=1, use_cache=False, length_penalty=0.0)
+    src = torch.tensor([[7, 8, EOS]])
+    (h,) = greedy_search(OracleModel(TABLE), src, src.eq(PAD), cfg)[0]
+    assert h.tokens == [A] and h.score == pytest.approx(math.log(0.3))
+
+
+def test_output_length_is_capped():
+    table = {tuple([A] * n): {A: 0.99, EOS: 0.01} for n in range(40)}
+    cfg = DecodeConfig(beam_size=3, nbest=3, use_cache=False, max_len_a=1.0, max_len_b=2, length_penalty=0.0)
+    src = torch.tensor([[7, 8, EOS]])  # 3 tokens -> at most 1 * 3 + 2 = 5 positions, </s> included
+    hyps = beam_search(OracleModel(table), src, src.eq(PAD), cfg)[0]
+    assert [A] * 4 in [h.tokens for h in hyps] and max(len(h.tokens) for h in hyps) == 4
+    # At the limit only </s> may follow, and it is scored with its own probability.
+    forced = next(h for h in hyps if len(h.tokens) == 4)
+    assert forced.score == pytest.approx(4 * math.log(0.99) + math.log(0.01))
+    assert max_lengths(src.eq(PAD), 1.5, 10, cap=8).tolist() == [8]
+
+
+def test_length_penalty_formulas():
+    assert length_penalty(7, 1.0, "gnmt") == pytest.approx(2.0)
+    assert length_penalty(4, 0.5, "average") == pytest.approx(2.0)
+    assert length_penalty(9, 0.0, "gnmt") == 1.0
+
+
+@pytest.fixture(scope="module")
+def trained_model():
+    """A tiny model trained for a few seconds to reverse random sequences, so its outputs are not trivial."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(d_model=32, n_heads=4, d_ff=64), 20, 20)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        src = torch.randint(4, 20, (32, 6))
+        tgt = src.flip(1)
+        tgt_in = torch.cat([torch.full((32, 1), BOS), tgt], 1)
+        tgt_out = torch.cat([tgt, torch.full((32, 1), EOS)], 1)
+        logits = model(src, src.eq(PAD), tgt_in)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 20), tgt_out.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def padded_sources():
+    torch.manual_seed(1)
+    src = torch.randint(4, 20, (6, 7))
+    for i, n in enumerate([7, 5, 3, 6, 2, 7]):
+        src[i, n - 1] = EOS
+        src[i, n:] = PAD
+    return src, src.eq(PAD)
+
+
+def test_beam_size_1_equals_greedy(trained_model):
+    src, mask = padded_sources()
+    g = greedy_search(trained_model, src, mask, DecodeConfig(beam_size=1))
+    b = beam_search(trained_model, src, mask, DecodeConfig(beam_size=1))
+    assert [h[0].tokens for h in g] == [h[0].tokens for h in b]
+    for x, y in zip(g, b):
+        assert x[0].score == pytest.approx(y[0].score, abs=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_cached_search_equals_uncached(trained_model, beam):
+    src, mask = padded_sources()
+    cfg = dict(beam_size=beam, nbest=beam, length_penalty=1.0)
+    search = greedy_search if beam == 1 else beam_search
+    cached = search(trained_model, src, mask, DecodeConfig(use_cache=True, **cfg))
+    uncached = search(trained_model, src, mask, DecodeConfig(use_cache=False, **cfg))
+    assert [[h.tokens for h in hs] for hs in cached] == [[h.tokens for h in hs] for hs in uncached]
+    for hs, us in zip(cached, uncached):
+        for h, u in zip(hs, us):
+            assert h.score == pytest.approx(u.score, abs=1e-4)
+
+
+def test_batched_beam_equals_one_sentence_at_a_time(trained_model):
+    src, mask = padded_sources()
+    cfg = DecodeConfig(beam_size=4, nbest=2)
+    batched = beam_search(trained_model, src, mask, cfg)
+    for i in range(src.size(0)):
+        n = int((~mask[i]).sum())
+        single = beam_search(trained_model, src[i : i + 1, :n], mask[i : i + 1, :n], cfg)[0]
+        assert [h.tokens for h in single] == [h.tokens for h in batched[i]]
