@@ -88,13 +88,15 @@ def test_greedy_on_the_oracle():
 
 
 def test_output_length_is_capped():
-    table = {tuple([A] * n): {A: 1.0} for n in range(40)}  # a model that never ends a sentence
-    cfg = DecodeConfig(beam_size=3, use_cache=False, max_len_a=1.0, max_len_b=2, length_penalty=0.0)
+    # A model that prefers to go on forever: greedy is cut at the limit, with a forced </s>.
+    table = {tuple([A] * n): {A: 0.9, EOS: 0.1} for n in range(40)}
+    cfg = DecodeConfig(beam_size=1, use_cache=False, max_len_a=1.0, max_len_b=2, length_penalty=0.0)
     src = torch.tensor([[7, 8, EOS]])  # 3 tokens -> at most 1 * 3 + 2 = 5 positions, </s> included
-    (h,) = beam_search(OracleModel(table), src, src.eq(PAD), cfg)[0]
-    assert h.tokens == [A] * 4
-    cfg.beam_size = 1
-    assert greedy_search(OracleModel(table), src, src.eq(PAD), cfg)[0][0].tokens == [A] * 4
+    (h,) = greedy_search(OracleModel(table), src, src.eq(PAD), cfg)[0]
+    assert h.tokens == [A] * 4 and h.score == pytest.approx(4 * math.log(0.9) + math.log(0.1))
+    cfg.beam_size = cfg.nbest = 3
+    hyps = beam_search(OracleModel(table), src, src.eq(PAD), cfg)[0]
+    assert max(len(h.tokens) for h in hyps) <= 4
     assert max_lengths(src.eq(PAD), 1.5, 10, cap=8).tolist() == [8]
 
 
