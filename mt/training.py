@@ -184,8 +184,8 @@ class Trainer:
     def _autocast(self):
         return torch.autocast(self.device.type, dtype=self.amp or torch.float32, enabled=self.amp is not None)
 
-    def train_step(self, batches: list[Batch]) -> dict:
-        """Forward/backward over `batches` (accumulated), then one optimizer step. Returns loss statistics."""
+    def backward(self, batches: list[Batch]) -> dict:
+        """Forward/backward over `batches`, accumulating gradients normalised by their total target tokens."""
         self.model.train()
         n_tokens = torch.tensor(float(sum(b.n_tgt_tokens for b in batches)), device=self.device)
         if self.world > 1:
@@ -195,18 +195,22 @@ class Trainer:
         loss_sum = nll_sum = 0.0
         for i, b in enumerate(batches):
             b = b.to(self.device)
-            sync = i == len(batches) - 1 or self.world == 1
-            ctx = self.train_model.no_sync() if not sync else contextlib.nullcontext()
-            with ctx:
+            last = i == len(batches) - 1
+            with self.train_model.no_sync() if self.world > 1 and not last else contextlib.nullcontext():
                 with self._autocast():
                     logits = self.train_model(b.src, b.src_pad_mask, b.tgt_in)
                 loss, nll = label_smoothed_loss(logits, b.tgt_out, self.tc.label_smoothing)
                 self.scaler.scale(loss * norm).backward()
             loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
-        stats = {"loss": loss_sum / n_tokens.item() * self.world, "nll": nll_sum / n_tokens.item() * self.world}
-        stats["tokens"] = int(n_tokens.item())
-        if not math.isfinite(loss_sum):
-            self._skip_update(loss_sum)
+        # Per-token figures of this rank's share (all ranks together under DDP would need another all_reduce).
+        local = sum(b.n_tgt_tokens for b in batches)
+        return {"loss": loss_sum / local, "nll": nll_sum / local, "tokens": local, "finite": math.isfinite(loss_sum)}
+
+    def train_step(self, batches: list[Batch]) -> dict:
+        """One update: accumulate gradients over `batches`, clip, step the optimizer and the LR schedule."""
+        stats = self.backward(batches)
+        if not stats["finite"]:
+            self._skip_update(stats["loss"])
             return stats
         self.nan_in_a_row = 0
         self.scaler.unscale_(self.optimizer)

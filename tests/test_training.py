@@ -1,0 +1,202 @@
+"""Trainer pieces (schedule, loss, accumulation) and behaviour (exact resume, SIGTERM, averaging, NaN)."""
+
+import math
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from mt import checkpoint
+from mt.config import Config, DataConfig, DecodeConfig, TokenizerConfig, TrainConfig
+from mt.training import (
+    Trainer,
+    TrainingError,
+    inverse_sqrt_lr,
+    label_smoothed_loss,
+    noam_lr,
+    prepare_data,
+)
+from tests.conftest import tiny_model_config
+
+
+def test_noam_schedule_values():
+    # lr = d^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    assert noam_lr(1, 512, 4000) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert noam_lr(4000, 512, 4000) == pytest.approx(512**-0.5 * 4000**-0.5)  # the peak, ~7.0e-4
+    assert noam_lr(4000, 512, 4000) == pytest.approx(6.9877e-4, rel=1e-4)
+    assert noam_lr(16000, 512, 4000) == pytest.approx(512**-0.5 * 16000**-0.5)  # half the peak
+    assert noam_lr(100, 512, 4000, scale=2.0) == pytest.approx(2 * 512**-0.5 * 100 * 4000**-1.5)
+
+
+def test_inverse_sqrt_schedule_values():
+    assert inverse_sqrt_lr(500, 1e-3, 1000, init=0.0) == pytest.approx(5e-4)
+    assert inverse_sqrt_lr(1000, 1e-3, 1000) == pytest.approx(1e-3)
+    assert inverse_sqrt_lr(4000, 1e-3, 1000) == pytest.approx(5e-4)
+
+
+def test_label_smoothed_loss_by_hand():
+    logits = torch.tensor([[[1.0, 2.0, 0.5, 0.0]], [[0.0, 0.0, 3.0, 1.0]]])  # (B=2, T=1, V=4)
+    target = torch.tensor([[1], [0]])  # the second is <pad>: ignored
+    eps = 0.1
+    logp = torch.log_softmax(torch.tensor([1.0, 2.0, 0.5, 0.0]), -1)
+    # (1 - eps) * NLL + eps * mean over the vocabulary of -log p
+    expected = (1 - eps) * -logp[1] + eps * -logp.mean()
+    loss, nll = label_smoothed_loss(logits, target, eps)
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(-logp[1].item(), rel=1e-6)
+
+
+def make_config(corpus_dir: Path, run_dir: Path, **train) -> Config:
+    tc = dict(device="cpu", precision="fp32", max_tokens=150, warmup=20, lr=3e-3, schedule="inverse_sqrt",
+              max_epochs=3, valid_bleu=False, keep_last=3, progress=False, log_every=5, resume="auto")  # fmt: skip
+    tc.update(train)
+    return Config(
+        data=DataConfig(name="toy", dir=str(corpus_dir), src_lang="xx", tgt_lang="yy", valid_split="valid",
+                        test_splits=["test"]),  # fmt: skip
+        tokenizer=TokenizerConfig(vocab_size=60, min_frequency=1),
+        model=tiny_model_config(dropout=0.1),
+        train=TrainConfig(**tc),
+        decode=DecodeConfig(beam_size=1, max_tokens=500),
+        run_dir=str(run_dir),
+    )
+
+
+def make_trainer(corpus_dir, run_dir, **train) -> Trainer:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = make_config(corpus_dir, run_dir, **train)
+    return Trainer(cfg, prepare_data(cfg, run_dir, cfg.model.max_positions), run_dir)
+
+
+def record_batches(trainer: Trainer) -> list:
+    seen = []
+    step = trainer.train_step
+
+    def wrapped(batches):
+        seen.append([b.ids for b in batches])
+        return step(batches)
+
+    trainer.train_step = wrapped
+    return seen
+
+
+def test_accumulating_two_half_batches_equals_one_batch(toy_corpus, tmp_path):
+    trainer = make_trainer(toy_corpus, tmp_path / "run")
+    trainer.model.cfg.dropout = 0.0
+    for m in trainer.model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    full = next(iter(trainer.loader))
+    from mt.batching import collate
+
+    rows = trainer.loader.dataset[full.ids]
+    h = len(full.ids) // 2
+    halves = [collate(rows["src_ids"][:h], rows["tgt_ids"][:h], full.ids[:h]),
+              collate(rows["src_ids"][h:], rows["tgt_ids"][h:], full.ids[h:])]  # fmt: skip
+    trainer.backward([full])
+    one = [p.grad.clone() for p in trainer.model.parameters()]
+    trainer.optimizer.zero_grad()
+    trainer.backward(halves)
+    two = [p.grad.clone() for p in trainer.model.parameters()]
+    for a, b in zip(one, two):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def params(trainer):
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("how", ["max_updates", "SIGTERM"])
+def test_exact_resume(toy_corpus, tmp_path, how):
+    """N updates straight == k updates, stop, resume, N: bitwise equal parameters and the same batch order."""
+    N, k = 14, 5
+    straight = make_trainer(toy_corpus, tmp_path / "a", max_updates=N)
+    order_a = record_batches(straight)
+    straight.fit(job_start=0)
+
+    if how == "max_updates":
+        first = make_trainer(toy_corpus, tmp_path / "b", max_updates=k)
+        order_b = record_batches(first)
+        assert first.fit(job_start=0) == "max_updates"
+    else:
+        first = make_trainer(toy_corpus, tmp_path / "b", max_updates=N)
+        order_b = record_batches(first)
+        step = first.train_step
+
+        def step_then_signal(batches):
+            out = step(batches)
+            if first.update == k:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled: stop after this update and save
+            return out
+
+        first.train_step = step_then_signal
+        assert first.fit(job_start=0) == "SIGTERM"
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert first.update == k and (tmp_path / "b" / "checkpoint_last.pt").is_file()
+    second = make_trainer(toy_corpus, tmp_path / "b", max_updates=N)
+    order_b2 = record_batches(second)
+    second.fit(job_start=0)
+    assert second.update == N and order_a == order_b + order_b2
+    a, b = params(straight), params(second)
+    assert all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_interrupted_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint_last.pt"
+    checkpoint.save_atomic({"format": 1, "model": {"w": torch.ones(2)}}, path)
+
+    def boom(obj, f):
+        f.write(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", boom)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save_atomic({"format": 1, "model": {"w": torch.zeros(2)}}, path)
+    monkeypatch.undo()
+    assert torch.equal(checkpoint.load(path)["model"]["w"], torch.ones(2))
+
+
+def test_nan_losses_skip_updates_then_stop(toy_corpus, tmp_path):
+    trainer = make_trainer(toy_corpus, tmp_path / "run", max_nan_updates=3)
+    batch = next(iter(trainer.loader))
+    before = params(trainer)
+    with torch.no_grad():
+        trainer.model.output.weight[7, 0] = float("nan")
+    for _ in range(2):
+        trainer.train_step([batch])
+    assert trainer.update == 0
+    with pytest.raises(TrainingError, match="3 non-finite losses in a row"):
+        trainer.train_step([batch])
+    after = params(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before if "embed" not in k and k != "output.weight")
+
+
+def test_checkpoints_kept_averaged_and_self_describing(toy_corpus, tmp_path):
+    run = tmp_path / "run"
+    trainer = make_trainer(toy_corpus, run, max_epochs=4, keep_last=2, average_last=2, valid_bleu=True)
+    trainer.fit(job_start=0)
+    assert [p.name for p in checkpoint.epoch_checkpoints(run)] == ["checkpoint3.pt", "checkpoint4.pt"]
+    avg = checkpoint.average(checkpoint.epoch_checkpoints(run))
+    a, b = (checkpoint.load(run / f"checkpoint{i}.pt")["model"] for i in (3, 4))
+    torch.testing.assert_close(avg["model"]["output.weight"], (a["output.weight"] + b["output.weight"]) / 2)
+    model, vocabs = checkpoint.build_model(checkpoint.load(run))  # the run dir's best checkpoint
+    assert model.cfg == trainer.cfg.model and len(vocabs.src) == len(trainer.corpus.vocabs.src)
+    metrics = (run / "metrics.jsonl").read_text()
+    assert '"kind": "valid"' in metrics and "valid_bleu" in metrics
+
+
+def test_resume_refuses_a_different_model(toy_corpus, tmp_path):
+    make_trainer(toy_corpus, tmp_path / "run", max_updates=3).fit(job_start=0)
+    cfg = make_config(toy_corpus, tmp_path / "run")
+    cfg.model.d_model = 64
+    trainer = Trainer(cfg, prepare_data(cfg, tmp_path / "run", 128), tmp_path / "run")
+    with pytest.raises(checkpoint.CheckpointError, match="different model"):
+        trainer.resume()
+
+
+def test_validation_loss_decreases(toy_corpus, tmp_path):
+    trainer = make_trainer(toy_corpus, tmp_path / "run", max_epochs=1)
+    before = trainer.validate()["valid_loss"]
+    trainer.fit(job_start=0)
+    assert trainer.validate()["valid_loss"] < before and math.isfinite(before)
