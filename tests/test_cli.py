@@ -1,0 +1,169 @@
+"""End to end through the entry points: train.py (1 process and 2-process torchrun/gloo), then translate.py."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, needs_multi30k
+
+
+def run(args, input=None, check=True, timeout=600):
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "HYDRA_FULL_ERROR": "0"}
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, input=input, capture_output=True, text=True,
+                       timeout=timeout, env=env)  # fmt: skip
+    if check and p.returncode != 0:
+        raise AssertionError(f"{args} exited {p.returncode}:\n{p.stderr[-3000:]}")
+    return p
+
+
+@pytest.fixture(scope="module")
+def smoke_run(multi30k_subset, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("smoke")
+    run(["train.py", "+experiment=smoke", f"data.dir={multi30k_subset}", f"run_dir={run_dir}",
+         "train.progress=false", "train.valid_every=20"])  # fmt: skip
+    return run_dir
+
+
+@needs_multi30k()
+def test_train_writes_everything(smoke_run):
+    names = {p.name for p in smoke_run.iterdir()}
+    for expected in ("checkpoint_best.pt", "checkpoint_last.pt", "config.resolved.yaml", "metrics.jsonl",
+                     "training_curves.png", "test_2016_flickr.report.json", "test_2016_flickr.report.md",
+                     "test_2016_flickr.hyp", "tokenizer.json"):  # fmt: skip
+        assert expected in names
+    assert (smoke_run / ".hydra" / "config.yaml").is_file()
+    valid = [json.loads(x) for x in (smoke_run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x]
+    assert len(valid) >= 3 and valid[-1]["valid_loss"] < valid[0]["valid_loss"]
+    report = json.loads((smoke_run / "test_2016_flickr.report.json").read_text())
+    assert report["sentences"] == 40 and "nrefs:1" in report["bleu_signature"]
+
+
+@needs_multi30k()
+def test_translate_stdin_lines_and_nbest(smoke_run):
+    out = run(["translate.py", f"checkpoint={smoke_run}"], input="a dog runs .\n\nTwo men\n").stdout
+    assert len(out.split("\n")) == 4 and out.endswith("\n") and out.split("\n")[1] == ""
+    out = run(["translate.py", f"checkpoint={smoke_run}", "decode.beam_size=4", "decode.nbest=3"],
+              input="a\n\nb\n").stdout  # fmt: skip
+    lines = out.splitlines()
+    assert len(lines) == 9 and [line.split(" ||| ")[0] for line in lines] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3
+    assert all(len(line.split(" ||| ")) == 3 for line in lines)
+
+
+@needs_multi30k()
+def test_report_matches_sacrebleu_cli(smoke_run, multi30k_subset, tmp_path):
+    src, ref = multi30k_subset / "test_2016_flickr.en", multi30k_subset / "test_2016_flickr.de"
+    hyp = tmp_path / "hyp.de"
+    run(["translate.py", f"checkpoint={smoke_run}", f"input={src}", f"output={hyp}", f"references={ref}",
+         "decode=greedy"])  # fmt: skip
+    report = json.loads((tmp_path / "report.json").read_text())
+    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-b",
+                          "-w", "2"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert [report["bleu"], report["chrf"]] == json.loads(cli)  # both rounded to 2 decimals
+    assert (tmp_path / "report.md").read_text().startswith("# Translation report")
+
+
+@needs_multi30k()
+def test_attention_plot_has_source_by_output_shape(smoke_run, tmp_path):
+    import torch
+    from PIL import Image
+
+    png = tmp_path / "attn.png"
+    run(["translate.py", f"checkpoint={smoke_run}", f"plot_attention={png}", "decode=greedy"],
+        input="a man on a bike .\n")  # fmt: skip
+    matrix = torch.load(png.with_suffix(".attn.pt"))
+    assert Image.open(png).size[0] > 100
+    from mt import checkpoint
+
+    _, vocabs = checkpoint.build_model(checkpoint.load(smoke_run))
+    assert matrix.shape[1] == len(vocabs.src.encode("a man on a bike .")) + 1  # source tokens + </s>
+    torch.testing.assert_close(matrix.sum(1), torch.ones(matrix.shape[0]))  # each output row is a distribution
+
+
+@needs_multi30k()
+@pytest.mark.parametrize(
+    "args,input,message",
+    [
+        (["checkpoint=/nonexistent"], "", "no such checkpoint"),
+        ([], b"ok\n\xff\xfe\n", "stdin:2: bytes that are not UTF-8"),
+        (["references=REFS"], "a\nb\n", "has 1 lines but the input has 2"),
+    ],
+)
+def test_translate_bad_input_is_one_line(smoke_run, tmp_path, args, input, message):
+    (tmp_path / "refs.txt").write_text("only one line\n")
+    args = [a.replace("REFS", str(tmp_path / "refs.txt")) for a in args]
+    if not any(a.startswith("checkpoint=") for a in args):
+        args = [f"checkpoint={smoke_run}", *args]
+    env = {**os.environ}
+    p = subprocess.run([sys.executable, "translate.py", *args], cwd=ROOT, input=input if isinstance(input, bytes)
+                       else input.encode(), capture_output=True, env=env)  # fmt: skip
+    err = p.stderr.decode().strip().splitlines()
+    assert p.returncode == 2 and err[-1].startswith("error: ") and message in err[-1]
+    assert "Traceback" not in p.stderr.decode()
+
+
+def test_corrupt_checkpoint_is_one_line(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    p = run(["translate.py", f"checkpoint={bad}"], input="a\n", check=False)
+    assert p.returncode == 2 and "not a readable checkpoint" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_misspelt_override_fails_before_running():
+    p = run(["train.py", "train.max_epoch=3"], check=False)
+    assert p.returncode != 0 and "max_epoch" in p.stderr
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_two_processes_match_one(toy_corpus, tmp_path):
+    """2 ranks x 1 batch per update == 1 process x 2 accumulated batches: the same global batches, so the
+    validation loss after M updates agrees up to float summation order."""
+    common = ["data=local", f"data.dir={toy_corpus}", "data.src_lang=xx", "data.tgt_lang=yy",
+              "model=transformer_tiny", "model.dropout=0", "tokenizer.vocab_size=60", "tokenizer.min_frequency=1",
+              "train.max_tokens=150", "train.max_updates=6", "train.valid_every=6", "train.valid_bleu=false",
+              "train.progress=false", "train.device=cpu", "train.precision=fp32", "train.warmup=5",
+              "data.test_splits=[]"]  # fmt: skip
+    one = tmp_path / "one"
+    run(["train.py", *common, f"run_dir={one}", "train.accumulate=2"])
+    two = tmp_path / "two"
+    env_threads = {"OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                        f"--master_port={free_port()}", "train.py", *common, f"run_dir={two}"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, **env_threads})  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+
+    def valid_loss(d):
+        return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if '"valid"' in x][-1]
+
+    a, b = valid_loss(one), valid_loss(two)
+    assert a["update"] == b["update"] == 6
+    assert a["valid_loss"] == pytest.approx(b["valid_loss"], rel=1e-4)
+
+
+@needs_multi30k()
+def test_sigterm_saves_and_the_same_command_resumes(multi30k_subset, tmp_path):
+    args = [sys.executable, "train.py", "+experiment=smoke", f"data.dir={multi30k_subset}", f"run_dir={tmp_path}",
+            "train.progress=false", "train.max_epochs=50", "train.log_every=1"]  # fmt: skip
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.is_file() and metrics.read_text().count("\n") >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "checkpoint saved" in err and "run the same command to resume" in err
+    assert (tmp_path / "checkpoint_last.pt").is_file()
+    p = run([*args[1:6], "train.max_epochs=1", "train.progress=false"], check=True)
+    assert "resumed from" in p.stderr
