@@ -30,6 +30,25 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     return pe.float()
 
 
+class Dropout(nn.Dropout):
+    """nn.Dropout with a cheaper mask on the CPU.
+
+    torch's CPU `bernoulli_` draws one random number per element and took 12-14% of a training step here
+    (profiled on the small model); eight random bits per element, cut from 64-bit draws, are ~6x cheaper. The
+    drop probability is then rounded to a multiple of 1/256 (0.3 -> 0.3008). Same global RNG, so resuming stays
+    exact. Elsewhere (CUDA) the standard kernel is already fast and is used as is.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0 or x.device.type != "cpu":
+            return super().forward(x)
+        threshold = round(self.p * 256)
+        n_words = -(-x.numel() // 8)
+        bits = torch.empty(n_words, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+        drop = bits.view(torch.uint8)[: x.numel()].view(x.shape) < threshold
+        return x.masked_fill(drop, 0.0) * (256 / (256 - threshold))
+
+
 class Embedding(nn.Module):
     """Token embedding scaled by sqrt(D) (3.4) plus positional encoding (3.5), then dropout (5.4)."""
 
@@ -42,7 +61,7 @@ class Embedding(nn.Module):
             self.positions = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
         else:
             self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
         T = ids.size(1)
@@ -132,7 +151,7 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
         super().__init__()
         self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
-        self.dropout = nn.Dropout(activation_dropout)
+        self.dropout = Dropout(activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.linear2(self.dropout(F.relu(self.linear1(x))))
@@ -143,7 +162,7 @@ class Sublayer(nn.Module):
 
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
-        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), nn.Dropout(dropout), pre_norm
+        self.norm, self.dropout, self.pre_norm = nn.LayerNorm(d_model), Dropout(dropout), pre_norm
 
     def forward(self, x: Tensor, fn) -> Tensor:
         if self.pre_norm:

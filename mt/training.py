@@ -66,12 +66,16 @@ def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:
 def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed label-smoothed cross-entropy (5.4) and summed NLL over non-pad targets, in fp32.
 
-    The smoothed target puts 1 - eps on the reference token and eps spread uniformly over the vocabulary.
+    The smoothed target puts 1 - eps on the reference token and eps spread uniformly over the vocabulary (as
+    `F.cross_entropy(label_smoothing=eps)` does); one log-softmax serves both sums.
     """
-    logits, target = logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1)
-    loss = F.cross_entropy(logits, target, ignore_index=PAD, reduction="sum", label_smoothing=eps)
-    nll = F.cross_entropy(logits.detach(), target, ignore_index=PAD, reduction="sum")
-    return loss, nll
+    logp = torch.log_softmax(logits.reshape(-1, logits.size(-1)).float(), dim=-1)  # (N, V)
+    target = target.reshape(-1)
+    keep = target.ne(PAD)
+    nll = -logp.gather(1, target.unsqueeze(1)).squeeze(1)  # (N,)
+    smooth = -logp.mean(dim=-1)  # (N,) cross-entropy with the uniform distribution
+    loss = ((1 - eps) * nll + eps * smooth).masked_fill(~keep, 0.0).sum()
+    return loss, nll.detach().masked_fill(~keep, 0.0).sum()
 
 
 # ------------------------------------------------------------------------------------ device, precision
