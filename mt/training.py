@@ -21,7 +21,6 @@ from pathlib import Path
 import datasets
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from mt import checkpoint, data

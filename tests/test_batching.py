@@ -1,7 +1,6 @@
 """Token-bucket batching: exactly once, budget, determinism, mid-epoch resume, sharding, padding efficiency."""
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -12,7 +12,9 @@ from tests.conftest import MULTI30K, needs_multi30k
 
 
 def cfg(dir, **kw) -> DataConfig:
-    return DataConfig(name="t", dir=str(dir), src_lang=kw.pop("src_lang", "en"), tgt_lang=kw.pop("tgt_lang", "de"), **kw)
+    return DataConfig(
+        name="t", dir=str(dir), src_lang=kw.pop("src_lang", "en"), tgt_lang=kw.pop("tgt_lang", "de"), **kw
+    )
 
 
 def write(path, lines, gz=False):

@@ -153,7 +153,9 @@ def closed_form_params(V: int, N: int, d: int, f: int) -> int:
     return V * d + N * (attn + ffn + 2 * ln) + N * (2 * attn + ffn + 3 * ln)
 
 
-@pytest.mark.parametrize("name,d,f,h,expected", [("base", 512, 2048, 8, 63_082_496), ("big", 1024, 4096, 16, 214_245_376)])
+@pytest.mark.parametrize(
+    "name,d,f,h,expected", [("base", 512, 2048, 8, 63_082_496), ("big", 1024, 4096, 16, 214_245_376)]
+)
 def test_paper_parameter_counts(name, d, f, h, expected):
     cfg = ModelConfig(name=name, d_model=d, n_heads=h, d_ff=f, encoder_layers=6, decoder_layers=6)
     with torch.device("meta"):

@@ -53,8 +53,9 @@ def make_config(corpus_dir: Path, run_dir: Path, **train) -> Config:
               max_epochs=3, valid_bleu=False, keep_last=3, progress=False, log_every=5, resume="auto")  # fmt: skip
     tc.update(train)
     return Config(
-        data=DataConfig(name="toy", dir=str(corpus_dir), src_lang="xx", tgt_lang="yy", valid_split="valid",
-                        test_splits=["test"]),  # fmt: skip
+        data=DataConfig(
+            name="toy", dir=str(corpus_dir), src_lang="xx", tgt_lang="yy", valid_split="valid", test_splits=["test"]
+        ),  # fmt: skip
         tokenizer=TokenizerConfig(vocab_size=60, min_frequency=1),
         model=tiny_model_config(dropout=0.1),
         train=TrainConfig(**tc),
