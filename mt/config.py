@@ -116,6 +116,7 @@ class DecodeConfig:
     length_penalty_type: str = "gnmt"  # gnmt ((5+len)/6)^alpha | average (score / len^alpha)
     max_len_a: float = 1.5
     max_len_b: int = 10
+    min_len: int = 0  # tokens before </s> may be chosen (fairseq --min-len); for benchmarks with forced lengths
     nbest: int = 1
     no_unk: bool = False
     max_tokens: int = 8000  # source tokens per decoding batch

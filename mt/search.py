@@ -49,12 +49,14 @@ def _next_logprobs(model, tokens: Tensor, memory: Tensor, src_pad_mask: Tensor, 
     return torch.log_softmax(logits[:, -1].float(), dim=-1)
 
 
-def _forbid(logp: Tensor, step: int, max_len: Tensor, no_unk: bool) -> Tensor:
-    """Never <pad> or <s> (optionally <unk>); at a sentence's length limit only </s> is allowed."""
+def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig) -> Tensor:
+    """Never <pad> or <s> (optionally <unk>), no </s> before `min_len`; at the length limit only </s>."""
     logp[:, PAD] = -math.inf
     logp[:, BOS] = -math.inf
-    if no_unk:
+    if cfg.no_unk:
         logp[:, UNK] = -math.inf
+    if step < cfg.min_len:
+        logp[:, EOS] = -math.inf
     at_limit = max_len <= step + 1  # (N,) this step writes the last allowed position
     if at_limit.any():
         eos = logp[at_limit, EOS].clone()
@@ -74,7 +76,7 @@ def greedy_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -
     logprob = torch.zeros(B, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     for step in range(int(max_len.max())):
-        logp = _forbid(_next_logprobs(model, tokens, memory, src_pad_mask, cache), step, max_len, cfg.no_unk)
+        logp = _forbid(_next_logprobs(model, tokens, memory, src_pad_mask, cache), step, max_len, cfg)
         best, next_tok = logp.max(dim=-1)
         next_tok = next_tok.masked_fill(finished, PAD)
         logprob += best.masked_fill(finished, 0.0)
@@ -191,7 +193,7 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> 
     state = BeamState(model, src, src_pad_mask, cfg)
     for step in range(int(state.max_len.max())):
         logp = _next_logprobs(model, state.tokens, state.memory, state.src_pad_mask, state.cache)
-        logp = _forbid(logp, step, state.max_len.repeat_interleave(state.K), cfg.no_unk)
+        logp = _forbid(logp, step, state.max_len.repeat_interleave(state.K), cfg)
         scores, beams, tokens = expand(state, logp)
         finalize(state, step, scores, beams, tokens)
         prune(state, scores, beams, tokens)

@@ -1,0 +1,172 @@
+"""Training-step throughput side by side: this project vs torch.nn.Transformer vs Hugging Face MarianMTModel.
+
+    pip install -e ".[bench]"
+    python benchmarks/train_peers.py --shape small [--dtypes fp32,bf16] [--steps 8]
+    python benchmarks/train_peers.py --shape base
+
+One step = forward + label-smoothed cross-entropy (the same function for every system) + backward + Adam, on
+random batches of ~4,000 target tokens with lengths 10-30 and an 8,000-type tied vocabulary. All systems have the
+same shape (post-norm, ReLU, dropout 0.1, three-way tied embeddings), see the same batches and are interleaved
+step by step in one process, so machine noise hits all alike. Prints target tokens/s median [min..max], ratios
+to each peer, and model FLOP/s as a share of the measured matmul peak of the same dtype.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mt.config import ModelConfig  # noqa: E402
+from mt.model import Transformer, sinusoidal_positions  # noqa: E402
+from mt.training import label_smoothed_loss  # noqa: E402
+
+SHAPES = {
+    "small": dict(d_model=256, n_heads=4, d_ff=1024, layers=3),
+    "base": dict(d_model=512, n_heads=8, d_ff=2048, layers=6),
+}
+V, PAD, BOS = 8000, 0, 2
+
+
+class TorchTransformer(nn.Module):
+    """torch.nn.Transformer with a scaled, tied embedding, sinusoidal positions and a tied output projection."""
+
+    def __init__(self, d_model: int, n_heads: int, d_ff: int, layers: int):
+        super().__init__()
+        self.embed = nn.Embedding(V, d_model, padding_idx=PAD)
+        self.register_buffer("pe", sinusoidal_positions(512, d_model), persistent=False)
+        self.core = nn.Transformer(d_model, n_heads, layers, layers, d_ff, dropout=0.1, batch_first=True)
+        self.core.encoder.norm, self.core.decoder.norm = None, None  # post-norm as in the paper
+        self.scale, self.drop = math.sqrt(d_model), nn.Dropout(0.1)
+
+    def emb(self, x):
+        return self.drop(self.embed(x) * self.scale + self.pe[: x.size(1)])
+
+    def forward(self, src, src_pad, tgt_in):
+        mask = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), dtype=torch.bool)
+        h = self.core(self.emb(src), self.emb(tgt_in), tgt_mask=mask, src_key_padding_mask=src_pad,
+                      memory_key_padding_mask=src_pad, tgt_is_causal=True)  # fmt: skip
+        return h @ self.embed.weight.t()
+
+
+def marian(d_model: int, n_heads: int, d_ff: int, layers: int) -> nn.Module:
+    from transformers import MarianConfig, MarianMTModel
+
+    cfg = MarianConfig(vocab_size=V, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
+                       encoder_attention_heads=n_heads, decoder_attention_heads=n_heads, encoder_ffn_dim=d_ff,
+                       decoder_ffn_dim=d_ff, activation_function="relu", dropout=0.1, attention_dropout=0.0,
+                       activation_dropout=0.0, max_position_embeddings=512, pad_token_id=PAD, eos_token_id=3,
+                       decoder_start_token_id=BOS, scale_embedding=True, share_encoder_decoder_embeddings=True,
+                       tie_word_embeddings=True)  # fmt: skip
+    model = MarianMTModel(cfg)
+
+    class Wrapped(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, src, src_pad, tgt_in):
+            return self.m(input_ids=src, attention_mask=(~src_pad).long(), decoder_input_ids=tgt_in).logits
+
+    return Wrapped()
+
+
+def ours(d_model: int, n_heads: int, d_ff: int, layers: int) -> nn.Module:
+    cfg = ModelConfig(name="bench", d_model=d_model, n_heads=n_heads, d_ff=d_ff, encoder_layers=layers,
+                      decoder_layers=layers, dropout=0.1, norm="post", max_positions=512)  # fmt: skip
+    return Transformer(cfg, V, V)
+
+
+def random_batches(n: int, tokens: int, seed: int = 0) -> list[tuple]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        B = tokens // 20
+        src_len = torch.randint(10, 31, (B,), generator=g)
+        tgt_len = torch.randint(10, 31, (B,), generator=g)
+        S, T = int(src_len.max()), int(tgt_len.max())
+        src = torch.randint(4, V, (B, S), generator=g)
+        src_pad = torch.arange(S)[None] >= src_len[:, None]
+        src = src.masked_fill(src_pad, PAD)
+        tgt = torch.randint(4, V, (B, T + 1), generator=g)
+        tgt_pad = torch.arange(T + 1)[None] >= (tgt_len + 1)[:, None]
+        tgt = tgt.masked_fill(tgt_pad, PAD)
+        tgt[:, 0] = BOS
+        out.append((src, src_pad, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous(), int(tgt[:, 1:].ne(PAD).sum())))
+    return out
+
+
+def matmul_peak(dtype: torch.dtype, n: int = 2048) -> float:
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    for _ in range(2):
+        a @ b
+    t = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    return 2 * n**3 * 5 / (time.perf_counter() - t)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=SHAPES, default="small")
+    ap.add_argument("--dtypes", default="fp32,bf16")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=4000)
+    args = ap.parse_args()
+    shape = SHAPES[args.shape]
+    builders = {"this project": ours, "torch.nn.Transformer": TorchTransformer, "HF Marian": marian}
+    dtypes = {"fp32": None, "bf16": torch.bfloat16}
+    systems = {}
+    for dname in args.dtypes.split(","):
+        for name, build in builders.items():
+            torch.manual_seed(0)
+            model = build(**shape)
+            opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+            systems[(name, dname)] = (model, opt, dtypes[dname])
+    batches = random_batches(args.steps + args.warmup, args.tokens)
+    rates: dict[tuple, list[float]] = {k: [] for k in systems}
+    for i, (src, src_pad, tgt_in, tgt_out, n_tok) in enumerate(batches):
+        for key, (model, opt, dtype) in systems.items():
+            model.train()
+            t = time.perf_counter()
+            with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+                logits = model(src, src_pad, tgt_in)
+            loss, _ = label_smoothed_loss(logits, tgt_out, 0.1)
+            (loss / n_tok).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if i >= args.warmup:
+                rates[key].append(n_tok / (time.perf_counter() - t))
+    n_params = sum(p.numel() for p in systems[("this project", args.dtypes.split(",")[0])][0].parameters())
+    # Model FLOPs per target token: 6 x parameters touched (forward 2, backward 4); source ~ target length.
+    flops_per_token = 6 * n_params
+    peaks = {d: matmul_peak(torch.float32 if d == "fp32" else torch.bfloat16) for d in args.dtypes.split(",")}
+    print(f"shape {args.shape} {shape}, vocab {V} tied, {n_params / 1e6:.1f}M parameters, batches of ~{args.tokens} "
+          f"target tokens (lengths 10-30), {args.steps} timed steps, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print("matmul peak (2048^3): " + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items()))
+    header = f"{'system':<22}{'dtype':<6}{'target tok/s median [min..max]':>34}{'% of peak':>11}"
+    print(header + "".join(f"{'vs ' + n:>24}" for n in builders if n != "this project"))
+    for (name, dname), r in rates.items():
+        med = statistics.median(r)
+        pct = 100 * med * flops_per_token / peaks[dname]
+        line = f"{name:<22}{dname:<6}{med:>16.0f} [{min(r):.0f}..{max(r):.0f}]{pct:>10.1f}%"
+        if name == "this project":
+            for peer in builders:
+                if peer != "this project":
+                    line += f"{med / statistics.median(rates[(peer, dname)]):>23.2f}x"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
