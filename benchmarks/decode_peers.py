@@ -58,7 +58,8 @@ def build_hf(shape: dict, out: Path):
                        decoder_layers=shape["layers"], encoder_attention_heads=shape["n_heads"],
                        decoder_attention_heads=shape["n_heads"], encoder_ffn_dim=shape["d_ff"],
                        decoder_ffn_dim=shape["d_ff"], activation_function="relu", max_position_embeddings=512,
-                       pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1, forced_eos_token_id=None)  # fmt: skip
+                       pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1,
+                       forced_eos_token_id=None)  # fmt: skip
     torch.manual_seed(0)
     model = MarianMTModel(cfg).eval()
     model.save_pretrained(out)
