@@ -206,11 +206,16 @@ class DecoderCache:
         self.layers: list[dict] = [{} for _ in range(n_layers)]
         self.length = 0  # target positions already in the cache
 
-    def reorder(self, index: Tensor) -> None:
-        """Select batch rows (beam search keeps the surviving hypotheses' histories)."""
+    def reorder(self, index: Tensor, cross: bool = True) -> None:
+        """Select batch rows (beam search keeps the surviving hypotheses' histories).
+
+        `cross=False` leaves the cross-attention keys/values alone: right when rows only move among the beams of
+        one sentence, which all share the same encoder output (saves copying them at every beam step).
+        """
         for layer in self.layers:
             for key, t in layer.items():
-                layer[key] = t.index_select(0, index)
+                if cross or not key.startswith("mem_"):
+                    layer[key] = t.index_select(0, index)
 
 
 class Transformer(nn.Module):

@@ -172,8 +172,8 @@ def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> No
     rows = (torch.arange(n, device=beam.device)[:, None] * K + beam).view(-1)  # (n*K,) parent rows
     state.tokens = torch.cat([state.tokens[rows], tokens.gather(1, keep).view(-1, 1)], dim=1)
     state.scores = keep_scores
-    if state.cache is not None:
-        state.cache.reorder(rows)
+    if state.cache is not None:  # parents are beams of the same sentence: cross-attention K/V stay as they are
+        state.cache.reorder(rows, cross=False)
 
 
 def drop_done(state: BeamState, done: Tensor) -> None:
