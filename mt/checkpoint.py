@@ -124,3 +124,32 @@ def average(paths: list[Path]) -> dict:
         base.pop(key, None)
     base.pop("path", None)
     return base
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m mt.checkpoint RUN_DIR --average-last K [--output FILE]`: average a run's last K checkpoints."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m mt.checkpoint", description=main.__doc__)
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--average-last", type=int, required=True, metavar="K")
+    ap.add_argument("--output", type=Path, help="default: RUN_DIR/checkpoint_averaged.pt")
+    args = ap.parse_args(argv)
+    try:
+        paths = epoch_checkpoints(args.run_dir)[-args.average_last :]
+        if len(paths) < args.average_last:
+            raise CheckpointError(
+                f"{args.run_dir}: only {len(paths)} epoch checkpoints (checkpointN.pt) to average, asked for "
+                f"{args.average_last}; train with train.keep_last >= {args.average_last}"
+            )
+        out = args.output or args.run_dir / "checkpoint_averaged.pt"
+        save_atomic(average(paths), out)
+    except CheckpointError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(f"averaged {', '.join(p.name for p in paths)} -> {out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -166,10 +166,12 @@ def build_vocabs(cfg: TokenizerConfig, train: datasets.Dataset, run_dir: Path) -
 
 
 def tokenize(ds: datasets.Dataset, vocabs: Vocabs) -> datasets.Dataset:
-    """Add `src_ids` and `tgt_ids` columns; cached by datasets, keyed on the corpus and the tokenizer contents."""
+    """Add `src_ids`, `tgt_ids` (and their lengths) columns; cached by datasets, keyed on corpus and tokenizer."""
 
     def encode(batch: dict) -> dict:
-        return {"src_ids": vocabs.src.encode_batch(batch["src"]), "tgt_ids": vocabs.tgt.encode_batch(batch["tgt"])}
+        src, tgt = vocabs.src.encode_batch(batch["src"]), vocabs.tgt.encode_batch(batch["tgt"])
+        # Lengths as their own columns: the batch sampler reads them without loading every id into memory.
+        return {"src_ids": src, "tgt_ids": tgt, "src_len": [len(x) for x in src], "tgt_len": [len(x) for x in tgt]}
 
     fingerprint = hashlib.sha256(f"{ds._fingerprint}:{vocabs.src.digest()}:{vocabs.tgt.digest()}".encode()).hexdigest()
     return ds.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint[:32], desc="tokenize")

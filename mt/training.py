@@ -126,13 +126,20 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
         log.warning(
             "%s: %d pairs longer than %d tokens are truncated for validation", dc.valid_split, len(too_long), max_len
         )
-        valid = valid.map(lambda b: {k: [x[:max_len] for x in b[k]] for k in ("src_ids", "tgt_ids")}, batched=True)
+        valid = valid.map(
+            lambda b: {
+                **{k: [x[:max_len] for x in b[k]] for k in ("src_ids", "tgt_ids")},
+                **{k: [min(n, max_len) for n in b[k]] for k in ("src_len", "tgt_len")},
+            },
+            batched=True,
+        )
     return Corpus(vocabs, train, valid)
 
 
 def make_sampler(ds: datasets.Dataset, max_tokens: int, seed: int, shuffle: bool, world: int = 1, rank: int = 0):
-    src_lens = [len(s) + 1 for s in ds["src_ids"]]  # + </s>
-    tgt_lens = [len(t) + 1 for t in ds["tgt_ids"]]  # + <s> (input) or </s> (output)
+    lengths = ds.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]  # two int arrays, not the ids
+    src_lens = lengths["src_len"] + 1  # + </s>
+    tgt_lens = lengths["tgt_len"] + 1  # + <s> (input) or </s> (output)
     return TokenBucketSampler(src_lens, tgt_lens, max_tokens, seed, shuffle, num_replicas=world, rank=rank)
 
 

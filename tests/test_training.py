@@ -201,3 +201,14 @@ def test_validation_loss_decreases(toy_corpus, tmp_path):
     before = trainer.validate()["valid_loss"]
     trainer.fit(job_start=0)
     assert trainer.validate()["valid_loss"] < before and math.isfinite(before)
+
+
+def test_average_command(toy_corpus, tmp_path):
+    run = tmp_path / "run"
+    make_trainer(toy_corpus, run, max_epochs=3, keep_last=3).fit(job_start=0)
+    checkpoint.main([str(run), "--average-last", "2", "--output", str(tmp_path / "avg.pt")])
+    avg = checkpoint.load(tmp_path / "avg.pt")
+    assert avg["averaged_from"] == [str(run / "checkpoint2.pt"), str(run / "checkpoint3.pt")]
+    checkpoint.build_model(avg)  # loads for translation
+    with pytest.raises(SystemExit):
+        checkpoint.main([str(run), "--average-last", "9"])
