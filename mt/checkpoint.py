@@ -52,10 +52,11 @@ def set_rng_state(state: dict) -> None:
 
 
 def load(path: str | Path) -> dict:
-    """Load a checkpoint file (or a run dir's best, else last, checkpoint) onto the CPU."""
+    """Load a checkpoint file (or a run dir's final, else best, else last checkpoint) onto the CPU."""
     path = Path(path)
     if path.is_dir():
-        for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_averaged.pt"):
+        # checkpoint_final.pt: the weights train.py chose for its test report (best or averaged).
+        for name in ("checkpoint_final.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
             if (path / name).is_file():
                 path = path / name
                 break

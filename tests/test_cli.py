@@ -34,7 +34,8 @@ def smoke_run(multi30k_subset, tmp_path_factory) -> Path:
 @needs_multi30k()
 def test_train_writes_everything(smoke_run):
     names = {p.name for p in smoke_run.iterdir()}
-    for expected in ("checkpoint_best.pt", "checkpoint_last.pt", "config.resolved.yaml", "metrics.jsonl",
+    for expected in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_final.pt", "config.resolved.yaml",
+                     "metrics.jsonl",
                      "training_curves.png", "test_2016_flickr.report.json", "test_2016_flickr.report.md",
                      "test_2016_flickr.hyp", "tokenizer.json"):  # fmt: skip
         assert expected in names
