@@ -111,6 +111,9 @@ class BeamState:
         self.scores[:, 0] = 0.0
         self.sentence = torch.arange(B, device=device)  # original index of each live sentence
         self.finished: list[list[Hypothesis]] = [[] for _ in range(B)]
+        # Per original sentence: how many hypotheses finished, and the nbest-th best finished score.
+        self.n_finished = torch.zeros(B, dtype=torch.long, device=device)
+        self.nbest_score = torch.full((B,), -math.inf, device=device)
 
 
 def expand(state: BeamState, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -135,32 +138,25 @@ def finalize(state: BeamState, step: int, scores: Tensor, beams: Tensor, tokens:
     lp = length_penalty(length, cfg.length_penalty, cfg.length_penalty_type)
     for i, j in is_eos.nonzero().tolist():
         row = i * K + int(beams[i, j])  # the parent beam's row in the (n*K) batch
-        raw = float(scores[i, j])
-        hyps = state.finished[int(state.sentence[i])]
+        raw, sent = float(scores[i, j]), int(state.sentence[i])
+        hyps = state.finished[sent]
         if len(hyps) < K:
             hyps.append(Hypothesis(state.tokens[row, 1:].tolist(), raw / lp, raw))
+            state.n_finished[sent] = len(hyps)
+            if len(hyps) >= cfg.nbest:
+                state.nbest_score[sent] = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
 
 
 def is_done(state: BeamState, step: int) -> Tensor:
-    """(n,) whether each live sentence is finished: K hypotheses ended, or none of the live beams can still
-    beat the nbest-th finished one (raw scores only fall; the length penalty is largest at the length limit)."""
+    """(n,) whether each live sentence is finished: K hypotheses ended, the length limit is reached, or no live
+    beam can still beat the nbest-th finished one (raw scores only fall as tokens are added, and the length
+    penalty divides them by at most its value at the length limit)."""
     cfg = state.cfg
-    done = []
-    best_live = state.scores.max(dim=1).values
-    for i, sent in enumerate(state.sentence.tolist()):
-        hyps = state.finished[sent]
-        if len(hyps) >= state.K or step + 1 >= int(state.max_len[i]):
-            done.append(True)
-            continue
-        if len(hyps) < cfg.nbest:
-            done.append(False)
-            continue
-        kth = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
-        bound = float(best_live[i])
-        if cfg.length_penalty > 0:
-            bound /= length_penalty(int(state.max_len[i]), cfg.length_penalty, cfg.length_penalty_type)
-        done.append(bound <= kth)
-    return torch.tensor(done, dtype=torch.bool, device=state.scores.device)
+    n_finished, kth = state.n_finished[state.sentence], state.nbest_score[state.sentence]
+    bound = state.scores.max(dim=1).values  # (n,) best live raw score
+    if cfg.length_penalty > 0:
+        bound = bound / length_penalty(state.max_len, cfg.length_penalty, cfg.length_penalty_type)
+    return (n_finished >= state.K) | (state.max_len <= step + 1) | ((n_finished >= cfg.nbest) & (bound <= kth))
 
 
 def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> None:
