@@ -40,17 +40,23 @@ def length_penalty(length: Tensor | int, alpha: float, kind: str) -> Tensor | fl
     return length**alpha if isinstance(length, int) else length.float() ** alpha
 
 
-def _next_logprobs(model, tokens: Tensor, memory: Tensor, src_pad_mask: Tensor, cache) -> Tensor:
-    """Log-probabilities (N, V) of the next token after `tokens` (N, t), in fp32."""
+def _next_logits(model, tokens: Tensor, memory: Tensor, src_pad_mask: Tensor, cache) -> tuple[Tensor, Tensor]:
+    """Logits (N, V) of the next token after `tokens` (N, t), in fp32, and their log-normaliser (N, 1).
+
+    Scores are `logit - logsumexp(logits)`, the model's log-probability. Only the few tokens a search keeps
+    are normalised, instead of writing a full (N, V) log-softmax at every step.
+    """
     if cache is not None:
         logits = model.decode(tokens[:, -1:], memory, src_pad_mask, cache)
     else:
         logits = model.decode(tokens, memory, src_pad_mask)
-    return torch.log_softmax(logits[:, -1].float(), dim=-1)
+    logits = logits[:, -1].float()
+    return logits, torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
 def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig) -> Tensor:
-    """Never <pad> or <s> (optionally <unk>), no </s> before `min_len`; at the length limit only </s>."""
+    """Never <pad> or <s> (optionally <unk>), no </s> before `min_len`; at the length limit only </s>.
+    Works in place on logits or log-probabilities (N, V)."""
     logp[:, PAD] = -math.inf
     logp[:, BOS] = -math.inf
     if cfg.no_unk:
@@ -76,8 +82,9 @@ def greedy_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -
     logprob = torch.zeros(B, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     for step in range(int(max_len.max())):
-        logp = _forbid(_next_logprobs(model, tokens, memory, src_pad_mask, cache), step, max_len, cfg)
-        best, next_tok = logp.max(dim=-1)
+        logits, log_norm = _next_logits(model, tokens, memory, src_pad_mask, cache)
+        best, next_tok = _forbid(logits, step, max_len, cfg).max(dim=-1)
+        best = best - log_norm.squeeze(1)
         next_tok = next_tok.masked_fill(finished, PAD)
         logprob += best.masked_fill(finished, 0.0)
         tokens = torch.cat([tokens, next_tok[:, None]], dim=1)
@@ -116,16 +123,18 @@ class BeamState:
         self.nbest_score = torch.full((B,), -math.inf, device=device)
 
 
-def expand(state: BeamState, logp: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Score all K*V continuations of each sentence's beams; return the 2K best: scores, beam, token (n, 2K).
+def expand(state: BeamState, logits: Tensor, log_norm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Score the continuations of each sentence's beams; return the 2K best: scores, beam, token, each (n, 2K).
 
-    2K candidates guarantee K that do not end in </s> (at most one </s> per beam).
+    The 2K best of all K*V continuations are among each beam's own 2K best tokens, so only those K*2K
+    candidates are scored. 2K guarantee K that do not end in </s> (at most one </s> per beam).
     """
     n, K = state.scores.shape
-    V = logp.size(-1)
-    total = state.scores[:, :, None] + logp.view(n, K, V)  # (n, K, V)
-    top_scores, top_idx = total.view(n, K * V).topk(min(2 * K, K * V), dim=1)
-    return top_scores, top_idx // V, top_idx % V
+    C = min(2 * K, logits.size(-1))
+    cand_logits, cand_tokens = logits.topk(C, dim=-1)  # (n*K, C)
+    total = state.scores[:, :, None] + (cand_logits - log_norm).view(n, K, C)  # (n, K, C)
+    top_scores, top_idx = total.view(n, K * C).topk(C, dim=1)  # (n, C)
+    return top_scores, top_idx // C, cand_tokens.view(n, K * C).gather(1, top_idx)
 
 
 def finalize(state: BeamState, step: int, scores: Tensor, beams: Tensor, tokens: Tensor) -> None:
@@ -188,9 +197,9 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> 
     """Batched beam search; returns, per sentence, its `cfg.nbest` best hypotheses by length-penalised score."""
     state = BeamState(model, src, src_pad_mask, cfg)
     for step in range(int(state.max_len.max())):
-        logp = _next_logprobs(model, state.tokens, state.memory, state.src_pad_mask, state.cache)
-        logp = _forbid(logp, step, state.max_len.repeat_interleave(state.K), cfg)
-        scores, beams, tokens = expand(state, logp)
+        logits, log_norm = _next_logits(model, state.tokens, state.memory, state.src_pad_mask, state.cache)
+        logits = _forbid(logits, step, state.max_len.repeat_interleave(state.K), cfg)
+        scores, beams, tokens = expand(state, logits, log_norm)
         finalize(state, step, scores, beams, tokens)
         prune(state, scores, beams, tokens)
         done = is_done(state, step)
