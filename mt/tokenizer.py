@@ -8,6 +8,7 @@ were seen in training. Special tokens take fixed ids: <pad>=0, <unk>=1, <s>=2, <
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 from collections.abc import Iterator
@@ -173,5 +174,9 @@ def tokenize(ds: datasets.Dataset, vocabs: Vocabs) -> datasets.Dataset:
         # Lengths as their own columns: the batch sampler reads them without loading every id into memory.
         return {"src_ids": src, "tgt_ids": tgt, "src_len": [len(x) for x in src], "tgt_len": [len(x) for x in tgt]}
 
-    fingerprint = hashlib.sha256(f"{ds._fingerprint}:{vocabs.src.digest()}:{vocabs.tgt.digest()}".encode()).hexdigest()
+    # The cache key covers the corpus, both tokenizers and this function's code (a changed `encode` must not
+    # reuse columns cached by an older version).
+    code = hashlib.sha256(inspect.getsource(encode).encode()).hexdigest()
+    key = f"{ds._fingerprint}:{vocabs.src.digest()}:{vocabs.tgt.digest()}:{code}"
+    fingerprint = hashlib.sha256(key.encode()).hexdigest()
     return ds.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint[:32], desc="tokenize")
