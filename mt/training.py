@@ -425,6 +425,8 @@ class Trainer:
         self.elapsed += time.time() - start
         reason = self.stop_reason or "max_epochs"
         if self.sampler.position:  # stopped inside an epoch: keep the place so that the run can resume
+            if reason in ("max_time", "max_updates") and not tc.valid_every:
+                self._validate_and_keep_best()  # the partial epoch's training may still give the best model
             self.save("checkpoint_last.pt")
         return reason
 
