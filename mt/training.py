@@ -394,19 +394,25 @@ class Trainer:
             it = iter(self.loader)
             bar = tqdm(total=steps_per_epoch, initial=self.sampler.position // tc.accumulate, desc=f"epoch {epoch + 1}",
                        disable=self.rank != 0 or not tc.progress, dynamic_ncols=True, leave=False)  # fmt: skip
-            tick, tick_tokens = time.perf_counter(), 0
+            tick, tick_tokens, tick_loss, tick_nll = time.perf_counter(), 0, 0.0, 0.0
             while batches := list(islice(it, tc.accumulate)):
                 stats = self.train_step(batches)
                 tick_tokens += stats["tokens"]
+                tick_loss, tick_nll = (
+                    tick_loss + stats["loss"] * stats["tokens"],
+                    tick_nll + stats["nll"] * stats["tokens"],
+                )
                 bar.update(1)
                 if self.update % tc.log_every == 0:
                     tps = tick_tokens / (time.perf_counter() - tick)
                     lr = self.scheduler.get_last_lr()[0]
-                    bar.set_postfix(loss=f"{stats['loss']:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
-                    self.log_metrics({"kind": "train", "update": self.update, "epoch": epoch, "loss": stats["loss"],
-                                      "nll": stats["nll"], "lr": lr, "tgt_tokens_per_s": tps,
+                    # Loss per target token over the updates since the last log line, not one noisy batch.
+                    loss, nll = tick_loss / max(tick_tokens, 1), tick_nll / max(tick_tokens, 1)
+                    bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
+                    self.log_metrics({"kind": "train", "update": self.update, "epoch": epoch, "loss": loss,
+                                      "nll": nll, "lr": lr, "tgt_tokens_per_s": tps,
                                       "elapsed": self.elapsed + time.time() - start})  # fmt: skip
-                    tick, tick_tokens = time.perf_counter(), 0
+                    tick, tick_tokens, tick_loss, tick_nll = time.perf_counter(), 0, 0.0, 0.0
                 if tc.valid_every and self.update % tc.valid_every == 0:
                     self._validate_and_keep_best()
                 if self._should_stop(start):
