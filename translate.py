@@ -29,13 +29,12 @@ register_configs()
 
 
 def read_input(path: str) -> list[str]:
-    """Input lines (strict UTF-8, each stripped); the error names the line with bad bytes."""
-    if path == "-":
-        raw, name = sys.stdin.buffer.read(), "stdin"
-    elif Path(path).is_file():
-        raw, name = Path(path).read_bytes(), path
-    else:
-        raise data.DataError(f"input={path}: no such file")
+    """Input lines from stdin or a file (plain or .gz; strict UTF-8, each stripped); errors name the bad line."""
+    if path != "-":
+        if not Path(path).is_file():
+            raise data.DataError(f"input={path}: no such file")
+        return [line.strip() for line in data.read_lines(Path(path))]  # plain or .gz, strict UTF-8
+    raw, name = sys.stdin.buffer.read(), "stdin"
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()

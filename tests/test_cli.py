@@ -58,6 +58,19 @@ def test_translate_stdin_lines_and_nbest(smoke_run):
 
 
 @needs_multi30k()
+def test_translate_reads_gzipped_input_file(smoke_run, tmp_path):
+    import gzip
+
+    src = tmp_path / "in.en.gz"
+    with gzip.open(src, "wt", encoding="utf-8") as f:
+        f.write("a dog .\n\ntwo men .\n")
+    out = tmp_path / "out.de"
+    run(["translate.py", f"checkpoint={smoke_run}", f"input={src}", f"output={out}", "decode=greedy"])
+    lines = out.read_text().split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+
+
+@needs_multi30k()
 def test_report_matches_sacrebleu_cli(smoke_run, multi30k_subset, tmp_path):
     src, ref = multi30k_subset / "test_2016_flickr.en", multi30k_subset / "test_2016_flickr.de"
     hyp = tmp_path / "hyp.de"
