@@ -28,15 +28,12 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.shapes import SHAPES, VOCAB  # noqa: E402
 from mt.config import DecodeConfig, ModelConfig  # noqa: E402
 from mt.model import Transformer  # noqa: E402
 from mt.search import search  # noqa: E402
 
-SHAPES = {
-    "small": dict(d_model=256, n_heads=4, d_ff=1024, layers=3),
-    "base": dict(d_model=512, n_heads=8, d_ff=2048, layers=6),
-}
-V, STEPS, N_SENT = 8000, 30, 64
+V, STEPS, N_SENT = VOCAB, 30, 64
 
 
 def build_hf(shape: dict, out: Path):

@@ -26,15 +26,12 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.shapes import SHAPES, VOCAB  # noqa: E402
 from mt.config import ModelConfig  # noqa: E402
 from mt.model import Transformer, sinusoidal_positions  # noqa: E402
 from mt.training import label_smoothed_loss  # noqa: E402
 
-SHAPES = {
-    "small": dict(d_model=256, n_heads=4, d_ff=1024, layers=3),
-    "base": dict(d_model=512, n_heads=8, d_ff=2048, layers=6),
-}
-V, PAD, BOS = 8000, 0, 2
+V, PAD, BOS = VOCAB, 0, 2
 
 
 class TorchTransformer(nn.Module):
