@@ -113,6 +113,9 @@ def main(dcfg: DictConfig) -> None:
             first = next((i for i, s in enumerate(src_ids) if s), None)
             if first is None:
                 raise ConfigError("plot_attention: every input line is empty; nothing to plot")
+            n_layers = len(model.decoder)
+            if not -n_layers <= cfg.attention_layer < n_layers:
+                raise ConfigError(f"attention_layer={cfg.attention_layer}: the model has {n_layers} decoder layers")
             out_ids = hyps[first][0].tokens
             matrix = cross_attention(model, vocabs, src_ids[first], out_ids, cfg.attention_layer)
             src_tok = vocabs.src.tokens(src_ids[first]) + ["</s>"]

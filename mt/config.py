@@ -158,6 +158,9 @@ def to_dataclass(cfg: DictConfig) -> Any:
     obj = OmegaConf.to_object(cfg)
     if isinstance(obj, Config):
         validate(obj)
+    elif isinstance(obj, TranslateConfig):
+        validate_decode(obj.decode)
+        _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
     return obj
 
 
@@ -175,7 +178,6 @@ def validate(cfg: Config) -> None:
     _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "constant"))
     _choice("train.optimizer", cfg.train.optimizer, ("adam", "adamw"))
     _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
-    _choice("decode.length_penalty_type", cfg.decode.length_penalty_type, ("gnmt", "average"))
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {cfg.data.src_lang!r}; pick two languages")
     if cfg.model.d_model % cfg.model.n_heads:
@@ -187,8 +189,14 @@ def validate(cfg: Config) -> None:
         )
     if cfg.train.accumulate < 1:
         raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
-    if cfg.decode.beam_size < 1 or cfg.decode.nbest > cfg.decode.beam_size:
+    validate_decode(cfg.decode)
+
+
+def validate_decode(cfg: DecodeConfig) -> None:
+    """Search settings, shared by train.py (validation and test) and translate.py."""
+    _choice("decode.length_penalty_type", cfg.length_penalty_type, ("gnmt", "average"))
+    if cfg.beam_size < 1 or not 1 <= cfg.nbest <= cfg.beam_size:
         raise ConfigError(
-            f"decode.beam_size={cfg.decode.beam_size}, decode.nbest={cfg.decode.nbest}: "
-            "need beam_size >= 1 and nbest <= beam_size"
+            f"decode.beam_size={cfg.beam_size}, decode.nbest={cfg.nbest}: "
+            "need beam_size >= 1 and 1 <= nbest <= beam_size"
         )

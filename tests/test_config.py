@@ -70,3 +70,10 @@ def test_wrong_type_fails():
 def test_bad_values_name_their_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         to_dataclass(compose_train([override]))
+
+
+def test_translate_config_checks_decode_settings():
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        cfg = compose(config_name="translate", overrides=["checkpoint=x.pt", "decode=greedy", "decode.nbest=3"])
+    with pytest.raises(ConfigError, match="decode.beam_size=1, decode.nbest=3"):
+        to_dataclass(cfg)
