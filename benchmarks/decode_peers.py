@@ -1,4 +1,4 @@
-"""Decoding speed side by side: this project vs Hugging Face `generate` vs CTranslate2 (fp32 and int8).
+"""Decoding speed side by side: this project (fp32, int8) vs Hugging Face `generate` vs CTranslate2 (fp32, int8).
 
     pip install -e ".[bench]"
     python benchmarks/decode_peers.py --shape small [--repeats 3]
@@ -7,8 +7,9 @@
 64 random source sentences (15-25 tokens), every output forced to exactly 30 decoder steps (no early </s>), so
 all systems do the same work whatever their random weights predict. Beam 5 and greedy, batch 64. HF
 `MarianMTModel` is built from a `MarianConfig` with random weights and converted to CTranslate2 (with a dummy
-vocabulary); this project's model has the same shape (its own random weights). Systems are interleaved in each
-repeat; the table gives sentences/s median [min..max] and this project's ratio to each peer.
+vocabulary); this project's model has the same shape (its own random weights), decoded in fp32 and with
+`decode.quantize=int8` (dynamic int8 linears, as CTranslate2 int8). Systems are interleaved in each repeat; the
+table gives sentences/s median [min..max] and the ratio of this project's fp32 and int8 to each system.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.shapes import SHAPES, VOCAB  # noqa: E402
 from mt.config import DecodeConfig, ModelConfig  # noqa: E402
-from mt.model import Transformer  # noqa: E402
+from mt.model import Transformer, quantize_int8  # noqa: E402
 from mt.search import search  # noqa: E402
 
 V, STEPS, N_SENT = VOCAB, 30, 64
@@ -85,6 +86,7 @@ def main() -> None:
                     encoder_layers=shape["layers"], decoder_layers=shape["layers"], norm="post", max_positions=512),
         V, V,
     ).eval()  # fmt: skip
+    models = {"fp32": ours, "int8": quantize_int8(ours)}
 
     g = torch.Generator().manual_seed(1)
     lens = torch.randint(15, 26, (N_SENT,), generator=g)
@@ -98,11 +100,11 @@ def main() -> None:
         hf_src[i, : len(s) + 1] = torch.tensor(s + [0])
     ct2_src = [[f"w{t}" for t in s] + ["</s>"] for s in ids]
 
-    def run_ours(k: int):
+    def run_ours(dtype: str, k: int):
         # STEPS decoder steps: STEPS - 1 tokens, then </s> forced at the limit.
         cfg = DecodeConfig(beam_size=k, min_len=STEPS - 1, max_len_a=0.0, max_len_b=STEPS, length_penalty=1.0)
         with torch.inference_mode():
-            out = search(ours, src, src.eq(0), cfg)
+            out = search(models[dtype], src, src.eq(0), cfg)
         assert all(len(h[0].tokens) == STEPS - 1 for h in out)
 
     def run_hf(k: int):
@@ -118,7 +120,8 @@ def main() -> None:
 
     systems = {}
     for k, name in ((5, "beam 5"), (1, "greedy")):
-        systems[(name, "this project fp32")] = lambda k=k: run_ours(k)
+        systems[(name, "this project fp32")] = lambda k=k: run_ours("fp32", k)
+        systems[(name, "this project int8")] = lambda k=k: run_ours("int8", k)
         systems[(name, "HF generate fp32")] = lambda k=k: run_hf(k)
         systems[(name, "CTranslate2 fp32")] = lambda k=k: run_ct2("float32", k)
         systems[(name, "CTranslate2 int8")] = lambda k=k: run_ct2("int8", k)
@@ -134,14 +137,16 @@ def main() -> None:
           f"decoder steps, batch {N_SENT}, {args.repeats} repeats, {torch.get_num_threads()} threads, "
           f"ctranslate2 {ctranslate2.__version__}")  # fmt: skip
     for search_name in ("beam 5", "greedy"):
-        print(f"\n{search_name}: {'system':<22}{'sentences/s median [min..max]':>34}{'this project vs it':>22}")
-        ours_med = statistics.median(N_SENT / t for t in times[(search_name, "this project fp32")])
+        print(f"\n{search_name}: {'system':<22}{'sentences/s median [min..max]':>34}{'ours fp32 vs it':>18}"
+              f"{'ours int8 vs it':>18}")  # fmt: skip
+        ours = {d: statistics.median(N_SENT / t for t in times[(search_name, f"this project {d}")]) for d in models}
         for (s, name), ts in times.items():
             if s != search_name:
                 continue
             rates = [N_SENT / t for t in ts]
             med = statistics.median(rates)
-            print(f"{'':8}{name:<22}{med:>16.1f} [{min(rates):.1f}..{max(rates):.1f}]{ours_med / med:>21.2f}x")
+            print(f"{'':8}{name:<22}{med:>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
+                  f"{ours['fp32'] / med:>17.2f}x{ours['int8'] / med:>17.2f}x")  # fmt: skip
     shutil.rmtree(work, ignore_errors=True)
 
 

@@ -3,6 +3,7 @@
     pip install -e ".[bench]"
     python benchmarks/train_peers.py --shape small [--dtypes fp32,bf16] [--steps 8]
     python benchmarks/train_peers.py --shape base
+    python benchmarks/train_peers.py --shape small --dtypes fp32 --compile   # adds this project under torch.compile
 
 One step = forward + label-smoothed cross-entropy (the same function for every system) + backward + Adam, on
 random batches of ~4,000 target tokens with lengths 10-30 and an 8,000-type tied vocabulary. All systems have the
@@ -119,9 +120,12 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=4000)
+    ap.add_argument("--compile", action="store_true", help="also time this project's model under torch.compile")
     args = ap.parse_args()
     shape = SHAPES[args.shape]
     builders = {"this project": ours, "torch.nn.Transformer": TorchTransformer, "HF Marian": marian}
+    if args.compile:
+        builders["this project compiled"] = lambda **kw: torch.compile(ours(**kw))
     dtypes = {"fp32": None, "bf16": torch.bfloat16}
     systems = {}
     for dname in args.dtypes.split(","):
@@ -153,15 +157,15 @@ def main() -> None:
           f"{torch.get_num_threads()} threads")  # fmt: skip
     print("matmul peak (2048^3): " + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items()))
     header = f"{'system':<22}{'dtype':<6}{'target tok/s median [min..max]':>34}{'% of peak':>11}"
-    print(header + "".join(f"{'vs ' + n:>24}" for n in builders if n != "this project"))
+    peers = [n for n in builders if not n.startswith("this project")]
+    print(header + "".join(f"{'vs ' + n:>24}" for n in peers))
     for (name, dname), r in rates.items():
         med = statistics.median(r)
         pct = 100 * med * flops_per_token / peaks[dname]
         line = f"{name:<22}{dname:<6}{med:>16.0f} [{min(r):.0f}..{max(r):.0f}]{pct:>10.1f}%"
-        if name == "this project":
-            for peer in builders:
-                if peer != "this project":
-                    line += f"{med / statistics.median(rates[(peer, dname)]):>23.2f}x"
+        if name.startswith("this project"):
+            for peer in peers:
+                line += f"{med / statistics.median(rates[(peer, dname)]):>23.2f}x"
         print(line)
 
 

@@ -121,6 +121,7 @@ class DecodeConfig:
     no_unk: bool = False
     max_tokens: int = 8000  # source tokens per decoding batch
     use_cache: bool = True
+    quantize: str = "none"  # none | int8: int8 weights in every linear layer for CPU decoding (mt.model.quantize_int8)
 
 
 @dataclass
@@ -195,6 +196,7 @@ def validate(cfg: Config) -> None:
 def validate_decode(cfg: DecodeConfig) -> None:
     """Search settings, shared by train.py (validation and test) and translate.py."""
     _choice("decode.length_penalty_type", cfg.length_penalty_type, ("gnmt", "average"))
+    _choice("decode.quantize", cfg.quantize, ("none", "int8"))
     if cfg.beam_size < 1 or not 1 <= cfg.nbest <= cfg.beam_size:
         raise ConfigError(
             f"decode.beam_size={cfg.beam_size}, decode.nbest={cfg.nbest}: "

@@ -15,7 +15,8 @@ import sacrebleu
 import torch
 
 from mt.batching import collate
-from mt.config import DecodeConfig
+from mt.config import ConfigError, DecodeConfig
+from mt.model import quantize_int8
 from mt.search import Hypothesis, search
 from mt.tokenizer import BOS, EOS, Vocabs
 
@@ -60,6 +61,10 @@ def translate_ids(
     nonempty = [i for i, s in enumerate(src_ids) if s]
     lengths = [len(src_ids[i]) + 1 for i in nonempty]
     model.eval()
+    if cfg.quantize == "int8":
+        if device.type != "cpu":
+            raise ConfigError(f"decode.quantize=int8 runs on the CPU only (device: {device}); set decode.quantize=none")
+        model = quantize_int8(model)
     for batch_pos in token_batches(lengths, cfg.max_tokens):
         idx = [nonempty[p] for p in batch_pos]
         batch = collate([src_ids[i] for i in idx], None, idx).to(device)

@@ -9,7 +9,9 @@ The interface used by training and search is narrow: `encode(src, src_pad_mask) 
 
 from __future__ import annotations
 
+import copy
 import math
+import warnings
 from dataclasses import asdict
 
 import torch
@@ -293,3 +295,18 @@ class Transformer(nn.Module):
     @classmethod
     def from_config_dict(cls, d: dict) -> Transformer:
         return cls(ModelConfig(**d["model"]), d["src_vocab"], d["tgt_vocab"])
+
+
+def quantize_int8(model: Transformer) -> Transformer:
+    """A copy of `model` for CPU decoding with int8 weights in every nn.Linear, the output projection included.
+
+    Dynamic quantization (weights int8 per tensor, activations quantized per call, int32 accumulation, fbgemm
+    kernels using AVX-512 VNNI where present). Embeddings, LayerNorms and attention scores stay fp32. The tied output
+    projection gets its own int8 copy; the embeddings keep the fp32 matrix. CPU only.
+    """
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        # torch deprecates the quantized tensor API in favour of torchao; it is still the CPU int8 kernel in 2.13.
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(copy.deepcopy(model).cpu().eval(), {nn.Linear}, dtype=torch.qint8)
