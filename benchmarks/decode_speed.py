@@ -1,11 +1,13 @@
-"""Decoding speed of a trained checkpoint on a real test set: greedy and beam 5, with and without the KV cache.
+"""Decoding speed of a trained checkpoint on real text: greedy and beam 5, with and without the KV cache, and
+with int8 weights (decode.quantize=int8).
 
     python benchmarks/decode_speed.py CHECKPOINT [--input ../shared/data/multi30k/test_2016_flickr.en.gz]
-                                                 [--limit 1000] [--repeats 2]
+                                                 [--references FILE] [--limit 1000] [--repeats 2]
 
 Every configuration translates the same sentences through the same path as translate.py (length-sorted token
-batches); the configurations are interleaved in each repeat. Prints sentences/s median [min..max] and the
-speed-up of the cache; also checks that cached and uncached search produce the same translations.
+batches); the configurations are interleaved in each repeat. Prints sentences/s median [min..max], the speed-up
+of the cache and of int8 over fp32, checks that cached and uncached search produce the same translations, and
+says how many int8 translations equal the fp32 ones (with --references, the BLEU of each: use a validation set).
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ sys.path.insert(0, str(ROOT))
 
 from mt import checkpoint, data  # noqa: E402
 from mt.config import DecodeConfig  # noqa: E402
-from mt.evaluation import translate_ids  # noqa: E402
+from mt.evaluation import score, translate_ids  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
     ap.add_argument("--input", default=str(ROOT.parent / "shared/data/multi30k/test_2016_flickr.en.gz"))
+    ap.add_argument("--references", help="reference file of --input: BLEU of fp32 vs int8 decoding")
     ap.add_argument("--limit", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
@@ -37,11 +40,11 @@ def main() -> None:
     model.eval()
     lines = list(data.read_lines(Path(args.input)))[: args.limit]
     src_ids = vocabs.src.encode_batch(lines)
-    configs = {
-        f"{name} {'cached' if cache else 'uncached'}": DecodeConfig(beam_size=k, use_cache=cache, length_penalty=1.0)
-        for name, k in (("greedy", 1), ("beam 5", 5))
-        for cache in (True, False)
-    }
+    configs = {}
+    for name, k in (("greedy", 1), ("beam 5", 5)):
+        for variant, cache, quantize in (("cached", True, "none"), ("uncached", False, "none"), ("int8", True, "int8")):
+            configs[f"{name} {variant}"] = DecodeConfig(beam_size=k, use_cache=cache, length_penalty=1.0,
+                                                        quantize=quantize)  # fmt: skip
     times: dict[str, list[float]] = {k: [] for k in configs}
     outputs: dict[str, list] = {}
     for _ in range(args.repeats):
@@ -53,15 +56,22 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"{args.checkpoint}: {model.cfg.name} ({n_params / 1e6:.1f}M parameters), {len(lines)} sentences of "
           f"{Path(args.input).name}, {torch.get_num_threads()} threads, {args.repeats} repeats")  # fmt: skip
-    print(f"{'search':<20}{'sentences/s median [min..max]':>34}{'cache speed-up':>16}")
+    print(f"{'search':<20}{'sentences/s median [min..max]':>34}{'vs uncached':>13}{'vs fp32 cached':>16}")
     for name in configs:
         rates = [len(lines) / t for t in times[name]]
-        base = name.replace("cached", "uncached") if "uncached" not in name else name
-        speedup = statistics.median(times[base]) / statistics.median(times[name])
-        print(f"{name:<20}{statistics.median(rates):>16.1f} [{min(rates):.1f}..{max(rates):.1f}]{speedup:>15.2f}x")
+        k = name.rsplit(" ", 1)[0]
+        vs = [statistics.median(times[f"{k} {ref}"]) / statistics.median(times[name]) for ref in ("uncached", "cached")]
+        print(f"{name:<20}{statistics.median(rates):>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
+              f"{vs[0]:>12.2f}x{vs[1]:>15.2f}x")  # fmt: skip
+    refs = list(data.read_lines(Path(args.references)))[: args.limit] if args.references else None
     for k in ("greedy", "beam 5"):
         same = outputs[f"{k} cached"] == outputs[f"{k} uncached"]
-        print(f"{k}: cached and uncached translations identical: {same}")
+        agree = sum(a == b for a, b in zip(outputs[f"{k} cached"], outputs[f"{k} int8"]))
+        line = f"{k}: cached and uncached translations identical: {same}; int8 equal to fp32: {agree}/{len(lines)}"
+        if refs is not None:
+            bleu = {v: score(vocabs.tgt.decode_batch(outputs[f"{k} {v}"]), refs)["bleu"] for v in ("cached", "int8")}
+            line += f"; BLEU fp32 {bleu['cached']:.2f}, int8 {bleu['int8']:.2f}"
+        print(line)
 
 
 if __name__ == "__main__":

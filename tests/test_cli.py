@@ -55,6 +55,8 @@ def test_translate_stdin_lines_and_nbest(smoke_run):
     lines = out.splitlines()
     assert len(lines) == 9 and [line.split(" ||| ")[0] for line in lines] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3
     assert all(len(line.split(" ||| ")) == 3 for line in lines)
+    out = run(["translate.py", f"checkpoint={smoke_run}", "decode.quantize=int8"], input="a dog runs .\n\nTwo men\n")
+    assert len(out.stdout.split("\n")) == 4 and out.stdout.split("\n")[1] == ""
 
 
 @needs_multi30k()
@@ -107,6 +109,7 @@ def test_attention_plot_has_source_by_output_shape(smoke_run, tmp_path):
         (["checkpoint=/nonexistent"], "", "no such checkpoint"),
         ([], b"ok\n\xff\xfe\n", "stdin:2: bytes that are not UTF-8"),
         (["references=REFS"], "a\nb\n", "has 1 lines but the input has 2"),
+        (["decode.quantize=int4"], "a\n", "decode.quantize"),
     ],
 )
 def test_translate_bad_input_is_one_line(smoke_run, tmp_path, args, input, message):

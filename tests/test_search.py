@@ -166,7 +166,6 @@ def test_batched_beam_equals_one_sentence_at_a_time(trained_model):
         assert [h.tokens for h in single] == [h.tokens for h in batched[i]]
 
 
-
 def test_int8_model_stays_close_to_fp32(trained_model):
     """decode.quantize=int8: every Linear (output projection included) becomes int8, the fp32 model is untouched,
     the log-probabilities stay near fp32's, and the search invariants hold for the int8 model too."""
