@@ -110,28 +110,30 @@ class Attention(nn.Module):
         # Contiguous once here, rather than copied by every decoding step's matmul.
         return self.split_heads(k).contiguous(), self.split_heads(v).contiguous()  # (B, H, S, Dh) each
 
+    def merge_heads(self, out: Tensor) -> Tensor:
+        B, H, T, Dh = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * Dh))  # (B, T, D)
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-        """q (B, H, T, Dh), k/v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend."""
+        """q (B, H, T, Dh), k/v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend.
+        Returns the per-head outputs (B, H, T, Dh)."""
         p = self.dropout if self.training else 0.0
-        if q.size(2) == 1 and not self.training and not self.keep_weights:
-            # One query per sentence (a decoding step): two small batched matmuls. The CPU SDPA kernel costs
+        if q.size(2) <= 16 and not causal and not self.training and not self.keep_weights:
+            # A few queries per sentence (a decoding step): two small batched matmuls. The CPU SDPA kernel costs
             # ~10x more here (profiled: 17% of beam search time), being tuned for long query blocks.
-            scores = (q @ k.transpose(-2, -1)) * self.d_head**-0.5  # (B, H, 1, S)
+            scores = (q @ k.transpose(-2, -1)) * self.d_head**-0.5  # (B, H, T, S)
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
-            out = scores.softmax(-1) @ v
-        elif self.keep_weights:
+            return scores.softmax(-1) @ v
+        if self.keep_weights:
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
             if causal:
                 scores = scores.masked_fill(~causal_mask(q.size(2), k.size(2), q.device), float("-inf"))
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             self.weights = scores.softmax(-1)
-            out = F.dropout(self.weights, p, self.training) @ v
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
-        B, H, T, Dh = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(B, T, H * Dh))  # (B, T, D)
+            return F.dropout(self.weights, p, self.training) @ v
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
 
     def forward_self(self, x: Tensor, mask: Tensor | None, causal: bool, cache: dict | None = None) -> Tensor:
         q, k, v = (self.split_heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
@@ -143,16 +145,28 @@ class Attention(nn.Module):
             causal = causal and q.size(2) > 1
             if causal and k.size(2) != q.size(2):
                 mask, causal = causal_mask(q.size(2), k.size(2), x.device), False
-        return self.attend(q, k, v, mask, causal)
+        return self.merge_heads(self.attend(q, k, v, mask, causal))
 
     def forward_cross(self, x: Tensor, memory: Tensor, mask: Tensor, cache: dict | None = None) -> Tensor:
+        """x (N, T, D) decoder states, memory (B, S, D) with N a multiple of B: in beam search the N = B*K rows
+        are K beams per sentence (sentence-major), and all K read one copy of their sentence's encoder output."""
         if cache is not None and "mem_k" in cache:
             k, v = cache["mem_k"], cache["mem_v"]
         else:
             k, v = self.project_kv(memory)
             if cache is not None:
                 cache["mem_k"], cache["mem_v"] = k, v
-        return self.attend(self.split_heads(self.q_proj(x)), k, v, mask, causal=False)
+        q = self.split_heads(self.q_proj(x))  # (N, H, T, Dh)
+        N, H, T, Dh = q.shape
+        B = k.size(0)
+        if N == B:
+            return self.merge_heads(self.attend(q, k, v, mask, causal=False))
+        # The K beams' queries of a sentence become K*T queries against its keys: one (K*T x S) product per
+        # sentence and head instead of K, and the encoder keys/values are stored and read once, not K times.
+        K = N // B
+        q = q.view(B, K, H, T, Dh).transpose(1, 2).reshape(B, H, K * T, Dh)
+        out = self.attend(q, k, v, mask, causal=False).view(B, H, K, T, Dh).transpose(1, 2)  # (B, K, H, T, Dh)
+        return self.merge_heads(out.reshape(N, H, T, Dh))
 
 
 class FeedForward(nn.Module):
@@ -209,23 +223,23 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderCache:
-    """Per decoder layer: self-attention keys/values of the positions so far, and the cross-attention
-    keys/values of the encoder output (computed on the first step, then reused)."""
+    """Per decoder layer: self-attention keys/values of the positions so far (one row per decoder row), and the
+    cross-attention keys/values of the encoder output (one row per encoder row; computed on the first step)."""
 
     def __init__(self, n_layers: int):
         self.layers: list[dict] = [{} for _ in range(n_layers)]
         self.length = 0  # target positions already in the cache
 
-    def reorder(self, index: Tensor, cross: bool = True) -> None:
-        """Select batch rows (beam search keeps the surviving hypotheses' histories).
-
-        `cross=False` leaves the cross-attention keys/values alone: right when rows only move among the beams of
-        one sentence, which all share the same encoder output (saves copying them at every beam step).
-        """
+    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
+        """Select decoder rows `index` (beam search keeps the surviving hypotheses' histories) and, if given,
+        encoder rows `memory_index` (sentences leaving the batch). When decoder and encoder rows are the same
+        batch (one row per sentence), pass the same index twice."""
         for layer in self.layers:
             for key, t in layer.items():
-                if cross or not key.startswith("mem_"):
+                if not key.startswith("mem_"):
                     layer[key] = t.index_select(0, index)
+                elif memory_index is not None:
+                    layer[key] = t.index_select(0, memory_index)
 
 
 class Transformer(nn.Module):
@@ -273,7 +287,8 @@ class Transformer(nn.Module):
         return self.encoder_norm(x)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor, cache: DecoderCache | None = None) -> Tensor:
-        """tgt_in (B, T) ids -> logits (B, T, V). With a cache, `tgt_in` holds only the new positions."""
+        """tgt_in (N, T) ids -> logits (N, T, V). With a cache, `tgt_in` holds only the new positions. `memory` and
+        `src_pad_mask` have B rows, N a multiple of B: N = B*K decoder rows are K hypotheses per sentence."""
         offset = cache.length if cache is not None else 0
         x, attend = self.tgt_embed(tgt_in, offset), attend_mask(src_pad_mask)
         for i, layer in enumerate(self.decoder):

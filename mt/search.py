@@ -106,10 +106,8 @@ class BeamState:
     def __init__(self, model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig):
         B, K, device = src.size(0), cfg.beam_size, src.device
         self.K, self.cfg = K, cfg
-        memory = model.encode(src, src_pad_mask)
-        # Every beam of a sentence reads the same encoder output: repeat it K times, (B*K, S, D).
-        self.memory = memory.repeat_interleave(K, dim=0)
-        self.src_pad_mask = src_pad_mask.repeat_interleave(K, dim=0)
+        # (B, S, D): the K beams of a sentence (rows i*K .. i*K+K-1 of the decoder batch) share its encoder output.
+        self.memory, self.src_pad_mask = model.encode(src, src_pad_mask), src_pad_mask
         self.max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
         self.cache = model.new_cache() if cfg.use_cache else None
         self.tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
@@ -177,8 +175,8 @@ def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> No
     rows = (torch.arange(n, device=beam.device)[:, None] * K + beam).view(-1)  # (n*K,) parent rows
     state.tokens = torch.cat([state.tokens[rows], tokens.gather(1, keep).view(-1, 1)], dim=1)
     state.scores = keep_scores
-    if state.cache is not None:  # parents are beams of the same sentence: cross-attention K/V stay as they are
-        state.cache.reorder(rows, cross=False)
+    if state.cache is not None:  # parents are beams of the same sentence: its encoder rows stay as they are
+        state.cache.reorder(rows)
 
 
 def drop_done(state: BeamState, done: Tensor) -> None:
@@ -186,10 +184,9 @@ def drop_done(state: BeamState, done: Tensor) -> None:
     keep = (~done).nonzero().squeeze(1)  # (n',)
     rows = (keep[:, None] * state.K + torch.arange(state.K, device=keep.device)).view(-1)
     state.sentence, state.scores, state.max_len = state.sentence[keep], state.scores[keep], state.max_len[keep]
-    state.tokens, state.memory = state.tokens[rows], state.memory[rows]
-    state.src_pad_mask = state.src_pad_mask[rows]
+    state.tokens, state.memory, state.src_pad_mask = state.tokens[rows], state.memory[keep], state.src_pad_mask[keep]
     if state.cache is not None:
-        state.cache.reorder(rows)
+        state.cache.reorder(rows, keep)
 
 
 @torch.no_grad()

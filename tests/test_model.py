@@ -116,12 +116,38 @@ def test_cached_decoding_equals_full_recomputation(norm):
         steps = [model.decode(tgt[:, t : t + 1], memory, pad_mask, cache) for t in range(4)]
         # Reorder the batch mid-way, as beam search does, then continue (two positions in one call).
         order = torch.tensor([2, 0, 3, 1])
-        cache.reorder(order)
+        cache.reorder(order, order)
         rest = model.decode(tgt[order, 4:6], memory[order], pad_mask[order], cache)
         steps += [model.decode(tgt[order, t : t + 1], memory[order], pad_mask[order], cache) for t in (6, 7)]
     torch.testing.assert_close(torch.cat(steps[:4], 1), full[:, :4], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(rest, full[order, 4:6], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.cat(steps[4:], 1), full[order, 6:], atol=1e-5, rtol=1e-5)
+
+
+def test_beams_share_one_copy_of_the_encoder_output():
+    """K decoder rows per sentence against B encoder rows (beam search) == the encoder output repeated K times,
+    with and without the cache, including a reorder among beams and a sentence leaving the batch."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(), V, V).eval()
+    src, pad_mask, tgt = random_batch(T=6)
+    K = 3
+    tgt = tgt.repeat_interleave(K, 0)
+    tgt[1::K, 2:] = tgt.flip(0)[1::K, 2:]  # beams of a sentence differ after two tokens
+    with torch.no_grad():
+        memory = model.encode(src, pad_mask)
+        rep_mem, rep_mask = memory.repeat_interleave(K, 0), pad_mask.repeat_interleave(K, 0)
+        expected = model.decode(tgt, rep_mem, rep_mask)
+        torch.testing.assert_close(model.decode(tgt, memory, pad_mask), expected, atol=1e-5, rtol=1e-5)
+        cache = model.new_cache()
+        steps = [model.decode(tgt[:, t : t + 1], memory, pad_mask, cache) for t in range(3)]
+        torch.testing.assert_close(torch.cat(steps, 1), expected[:, :3], atol=1e-5, rtol=1e-5)
+        # Sentence 1 leaves; the others' beams are reordered among themselves.
+        keep = torch.tensor([0, 2, 3])
+        rows = torch.tensor([1, 0, 2, 6, 6, 8, 9, 11, 10])
+        cache.reorder(rows, keep)
+        step = model.decode(tgt[rows, 3:4], memory[keep], pad_mask[keep], cache)
+        reference = model.decode(tgt[rows, :4], rep_mem[rows], rep_mask[rows])[:, 3:]
+        torch.testing.assert_close(step, reference, atol=1e-5, rtol=1e-5)
 
 
 def test_three_way_tying_is_one_parameter_and_survives_save_load(tmp_path):
