@@ -56,9 +56,10 @@ def main() -> None:
 
     def step(model, opt, dtype, b) -> None:
         model.train()
+        wanted = b.tgt_out.ne(0)  # as the trainer: logits at non-padding targets only (<pad> is id 0)
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            logits = model(b.src, b.src_pad_mask, b.tgt_in)
-        loss, _ = label_smoothed_loss(logits, b.tgt_out, 0.1)
+            logits = model(b.src, b.src_pad_mask, b.tgt_in, wanted)
+        loss, _ = label_smoothed_loss(logits, b.tgt_out[wanted], 0.1)
         (loss / b.n_tgt_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

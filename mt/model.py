@@ -286,23 +286,34 @@ class Transformer(nn.Module):
             x = layer(x, attend)
         return self.encoder_norm(x)
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_pad_mask: Tensor, cache: DecoderCache | None = None) -> Tensor:
+    def decode(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_pad_mask: Tensor,
+        cache: DecoderCache | None = None,
+        wanted: Tensor | None = None,
+    ) -> Tensor:
         """tgt_in (N, T) ids -> logits (N, T, V). With a cache, `tgt_in` holds only the new positions. `memory` and
-        `src_pad_mask` have B rows, N a multiple of B: N = B*K decoder rows are K hypotheses per sentence."""
+        `src_pad_mask` have B rows, N a multiple of B: N = B*K decoder rows are K hypotheses per sentence.
+        `wanted` (N, T) bool: logits only at those positions, (n_wanted, V), row-major order."""
         offset = cache.length if cache is not None else 0
         x, attend = self.tgt_embed(tgt_in, offset), attend_mask(src_pad_mask)
         for i, layer in enumerate(self.decoder):
             x = layer(x, memory, attend, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.length += tgt_in.size(1)
+        if wanted is not None:
+            x = x[wanted]  # skip the vocabulary projection (and the loss) at padding positions
         return self.output(self.decoder_norm(x))
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder))
 
-    def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor) -> Tensor:
-        """Teacher forcing: logits (B, T, V) for every target position at once."""
-        return self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask)
+    def forward(self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, wanted: Tensor | None = None) -> Tensor:
+        """Teacher forcing: logits (B, T, V) for every target position at once, or (n, V) for the `wanted` ones
+        (training passes the non-padding targets)."""
+        return self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask, wanted=wanted)
 
     def config_dict(self) -> dict:
         return {"model": asdict(self.cfg), "src_vocab": self.src_vocab, "tgt_vocab": self.tgt_vocab}

@@ -210,9 +210,10 @@ class Trainer:
             b = b.to(self.device)
             last = i == len(batches) - 1
             with self.train_model.no_sync() if self.world > 1 and not last else contextlib.nullcontext():
+                wanted = b.tgt_out.ne(PAD)
                 with self._autocast():
-                    logits = self.train_model(b.src, b.src_pad_mask, b.tgt_in)
-                loss, nll = label_smoothed_loss(logits, b.tgt_out, self.tc.label_smoothing)
+                    logits = self.train_model(b.src, b.src_pad_mask, b.tgt_in, wanted)
+                loss, nll = label_smoothed_loss(logits, b.tgt_out[wanted], self.tc.label_smoothing)
                 self.scaler.scale(loss * norm).backward()
             loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
         # Per-token figures of this rank's share (all ranks together under DDP would need another all_reduce).
@@ -257,9 +258,10 @@ class Trainer:
         loss_sum = nll_sum = n = 0.0
         for b in BatchLoader(valid.select_columns(["src_ids", "tgt_ids"]), sampler):
             b = b.to(self.device)
+            wanted = b.tgt_out.ne(PAD)
             with self._autocast():
-                logits = self.model(b.src, b.src_pad_mask, b.tgt_in)
-            loss, nll = label_smoothed_loss(logits, b.tgt_out, self.tc.label_smoothing)
+                logits = self.model(b.src, b.src_pad_mask, b.tgt_in, wanted)
+            loss, nll = label_smoothed_loss(logits, b.tgt_out[wanted], self.tc.label_smoothing)
             loss_sum, nll_sum, n = loss_sum + loss.item(), nll_sum + nll.item(), n + b.n_tgt_tokens
         result = {"valid_loss": loss_sum / n, "valid_nll": nll_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50))}
         if self.tc.valid_bleu:

@@ -223,3 +223,13 @@ def test_tiny_model_memorizes_64_pairs():
         if loss.item() < 0.05:
             break
     assert loss.item() < 0.05
+
+
+def test_logits_of_wanted_positions_only():
+    """Training asks for the logits of non-padding targets only: the same rows as the full (B, T, V) output."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(), V, V).eval()
+    src, pad_mask, tgt = random_batch(T=7)
+    wanted = torch.rand(tgt.shape) > 0.3
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, pad_mask, tgt, wanted), model(src, pad_mask, tgt)[wanted])
