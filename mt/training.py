@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from mt import checkpoint, data
 from mt.batching import Batch, BatchLoader, TokenBucketSampler
-from mt.config import Config, DecodeConfig, TrainConfig
+from mt.config import Config, ConfigError, DecodeConfig, TrainConfig
 from mt.evaluation import score, translate_ids, write_report
 from mt.model import Transformer
 from mt.tokenizer import PAD, Vocabs, build_vocabs, tokenize
@@ -162,6 +162,9 @@ class Trainer:
         self.device = pick_device(self.tc.device)
         if self.world > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", torch.cuda.current_device())
+        if cfg.decode.quantize == "int8" and self.device.type != "cpu":  # fail now, not after training
+            raise ConfigError(f"decode.quantize=int8 runs on the CPU only (device: {self.device}); "
+                              "set decode.quantize=none")  # fmt: skip
         self.amp = pick_autocast(self.tc.precision, self.device)
         torch.manual_seed(self.tc.seed)
         vocabs = corpus.vocabs
