@@ -87,8 +87,8 @@ class TrainConfig:
     max_updates: int = 0  # 0 = no limit
     max_time: float = 0.0  # minutes of training wall-clock; 0 = no limit
     optimizer: str = "adam"  # adam | adamw
-    lr: float = 5e-4  # peak lr for inverse_sqrt
-    schedule: str = "noam"  # noam | inverse_sqrt | constant
+    lr: float = 5e-4  # peak lr for inverse_sqrt and linear
+    schedule: str = "noam"  # noam | inverse_sqrt | linear (to 0 at the end of max_updates/max_time) | constant
     noam_scale: float = 1.0
     warmup: int = 4000
     warmup_init_lr: float = 1e-7
@@ -176,7 +176,7 @@ def validate(cfg: Config) -> None:
     _choice("model.norm", cfg.model.norm, ("post", "pre"))
     _choice("model.tie_embeddings", cfg.model.tie_embeddings, ("all", "decoder", "none"))
     _choice("model.positions", cfg.model.positions, ("sinusoidal", "learned"))
-    _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "constant"))
+    _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "linear", "constant"))
     _choice("train.optimizer", cfg.train.optimizer, ("adam", "adamw"))
     _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
     if cfg.data.src_lang == cfg.data.tgt_lang:
@@ -188,6 +188,9 @@ def validate(cfg: Config) -> None:
             "model.tie_embeddings=all needs a joint vocabulary; set tokenizer.joint=true "
             "or model.tie_embeddings=decoder"
         )
+    if cfg.train.schedule == "linear" and not (cfg.train.max_updates or cfg.train.max_time):
+        raise ConfigError("train.schedule=linear decays the lr to 0 over the run's budget; "
+                          "set train.max_updates or train.max_time")  # fmt: skip
     if cfg.train.accumulate < 1:
         raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
     validate_decode(cfg.decode)

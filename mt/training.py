@@ -54,11 +54,22 @@ def inverse_sqrt_lr(step: int, peak: float, warmup: int, init: float = 1e-7) -> 
     return peak * math.sqrt(warmup / step)
 
 
-def lr_at(step: int, cfg: TrainConfig, d_model: int) -> float:
+def linear_lr(step: int, peak: float, warmup: int, budget_used: float) -> float:
+    """Linear warmup to `peak` over `warmup` updates, times a linear decay to 0 when the budget is used up.
+
+    `budget_used` is the fraction (0..1) of the run's budget spent so far: of max_updates, or of max_time when the
+    budget is wall-clock, so that a time-limited run ends at lr 0 whatever speed the machine has.
+    """
+    return peak * min(1.0, max(step, 1) / warmup) * max(0.0, 1.0 - budget_used)
+
+
+def lr_at(step: int, cfg: TrainConfig, d_model: int, budget_used: float = 0.0) -> float:
     if cfg.schedule == "noam":
         return noam_lr(step, d_model, cfg.warmup, cfg.noam_scale)
     if cfg.schedule == "inverse_sqrt":
         return inverse_sqrt_lr(step, cfg.lr, cfg.warmup, cfg.warmup_init_lr)
+    if cfg.schedule == "linear":
+        return linear_lr(step, cfg.lr, cfg.warmup, budget_used)
     return cfg.lr
 
 
@@ -170,10 +181,15 @@ class Trainer:
         vocabs = corpus.vocabs
         self.model = Transformer(cfg.model, len(vocabs.src), len(vocabs.tgt)).to(self.device)
         self.optimizer = self._optimizer()
+        self.update, self.epochs_done, self.elapsed = 0, 0, 0.0
+        self.clock_start = time.time()  # start of the current stretch of wall-clock not yet added to `elapsed`
+        self.budget = 0.0  # fraction of max_updates/max_time spent, as of the last update (the linear schedule's)
         schedule = functools.partial(lr_at, cfg=self.tc, d_model=cfg.model.d_model)
         # The optimizer's base lr is 1, so the lambda's value is the learning rate itself. LambdaLR's own
         # counter is the update number (step 0 = before the first update).
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: schedule(s + 1))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: schedule(s + 1, budget_used=self.budget)
+        )
         self.scaler = torch.amp.GradScaler(enabled=self.amp == torch.float16)
         self.train_model = self.model
         if self.tc.compile:
@@ -183,7 +199,6 @@ class Trainer:
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
         self.sampler = make_sampler(corpus.train, self.tc.max_tokens, self.tc.seed, True, self.world, self.rank)
         self.loader = BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), self.sampler)
-        self.update, self.epochs_done, self.elapsed = 0, 0, 0.0
         self.best, self.bad_validations, self.nan_in_a_row = -math.inf, 0, 0
         self.stop_reason: str | None = None
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -236,8 +251,9 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
         self.update += 1
+        self.budget = self.budget_used()
+        self.scheduler.step()
         return stats
 
     def _skip_update(self, loss: float) -> None:
@@ -352,11 +368,28 @@ class Trainer:
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, handler)
 
-    def _should_stop(self, start_time: float) -> bool:
+    def elapsed_now(self) -> float:
+        """Seconds of wall-clock this run has spent, over all its resumed stretches."""
+        return self.elapsed + time.time() - self.clock_start
+
+    def budget_used(self) -> float:
+        """Fraction of the run's budget spent: of max_updates or of max_time, whichever is further along."""
+        tc, used = self.tc, 0.0
+        if tc.max_updates:
+            used = self.update / tc.max_updates
+        if tc.max_time:
+            used = max(used, self.elapsed_now() / (tc.max_time * 60))
+        if self.world > 1 and tc.max_time:  # ranks' clocks differ a little; they must agree on the lr
+            used_t = torch.tensor([used], device=self.device)
+            dist.all_reduce(used_t, op=dist.ReduceOp.MAX)
+            used = used_t.item()
+        return min(used, 1.0)
+
+    def _should_stop(self) -> bool:
         tc = self.tc
         if tc.max_updates and self.update >= tc.max_updates:
             self.stop_reason = self.stop_reason or "max_updates"
-        if tc.max_time and self.elapsed + time.time() - start_time >= tc.max_time * 60:
+        if tc.max_time and self.elapsed_now() >= tc.max_time * 60:
             self.stop_reason = self.stop_reason or "max_time"
         flag = torch.tensor([0.0 if self.stop_reason is None else 1.0], device=self.device)
         if self.world > 1:  # every rank stops at the same update
@@ -388,13 +421,13 @@ class Trainer:
         """Train until max_epochs/max_updates/max_time/patience or a signal. Returns why it stopped."""
         self.resume()
         self._install_signal_handlers()
-        start, tc = job_start, self.tc
+        self.clock_start, tc = job_start, self.tc
         steps_per_epoch = max(1, len(self.sampler) // tc.accumulate)
         if self.rank == 0:
             log.info("model: %d parameters; %d batches per epoch (rank 0), padding efficiency %.3f; autocast %s",
                      sum(p.numel() for p in self.model.parameters()), len(self.sampler),
                      self.sampler.padding_efficiency(), self.amp)  # fmt: skip
-        while self.sampler.epoch < tc.max_epochs and not self._should_stop(start):
+        while self.sampler.epoch < tc.max_epochs and not self._should_stop():
             epoch = self.sampler.epoch
             it = iter(self.loader)
             bar = tqdm(total=steps_per_epoch, initial=self.sampler.position // tc.accumulate, desc=f"epoch {epoch + 1}",
@@ -416,24 +449,23 @@ class Trainer:
                     bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tok_s=f"{tps:.0f}")
                     self.log_metrics({"kind": "train", "update": self.update, "epoch": epoch, "loss": loss,
                                       "nll": nll, "lr": lr, "tgt_tokens_per_s": tps,
-                                      "elapsed": self.elapsed + time.time() - start})  # fmt: skip
+                                      "elapsed": self.elapsed_now()})  # fmt: skip
                     tick, tick_tokens, tick_loss, tick_nll = time.perf_counter(), 0, 0.0, 0.0
                 if tc.valid_every and self.update % tc.valid_every == 0:
                     self._validate_and_keep_best()
-                if self._should_stop(start):
+                if self._should_stop():
                     break
             bar.close()
             if self.sampler.epoch != epoch:  # the epoch ran to its end
                 self.epochs_done = epoch + 1
                 if not tc.valid_every:
                     self._validate_and_keep_best()
-                self.elapsed += time.time() - start
-                start = time.time()
+                self.elapsed, self.clock_start = self.elapsed_now(), time.time()
                 self.save(f"checkpoint{self.epochs_done}.pt", full=False)
                 self.save("checkpoint_last.pt")
                 if self.rank == 0:
                     checkpoint.prune(self.run_dir, max(tc.keep_last, tc.average_last))
-        self.elapsed += time.time() - start
+        self.elapsed, self.clock_start = self.elapsed_now(), time.time()
         reason = self.stop_reason or "max_epochs"
         if self.sampler.position:  # stopped inside an epoch: keep the place so that the run can resume
             if reason in ("max_time", "max_updates") and not tc.valid_every:

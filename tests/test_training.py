@@ -1,8 +1,10 @@
 """Trainer pieces (schedule, loss, accumulation) and behaviour (exact resume, SIGTERM, averaging, NaN)."""
 
+import json
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ from mt.training import (
     TrainingError,
     inverse_sqrt_lr,
     label_smoothed_loss,
+    linear_lr,
     noam_lr,
     prepare_data,
 )
@@ -34,6 +37,26 @@ def test_inverse_sqrt_schedule_values():
     assert inverse_sqrt_lr(500, 1e-3, 1000, init=0.0) == pytest.approx(5e-4)
     assert inverse_sqrt_lr(1000, 1e-3, 1000) == pytest.approx(1e-3)
     assert inverse_sqrt_lr(4000, 1e-3, 1000) == pytest.approx(5e-4)
+
+
+def test_linear_schedule_values():
+    assert linear_lr(10, 1e-3, 20, budget_used=0.0) == pytest.approx(5e-4)  # halfway through warmup
+    assert linear_lr(50, 1e-3, 20, budget_used=0.25) == pytest.approx(7.5e-4)
+    assert linear_lr(90, 1e-3, 20, budget_used=1.0) == 0.0
+
+
+def test_linear_schedule_reaches_zero_at_the_end_of_the_budget(toy_corpus, tmp_path):
+    trainer = make_trainer(toy_corpus, tmp_path / "run", schedule="linear", warmup=2, max_updates=10)
+    trainer.fit(job_start=0)
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
+    # logged after update 5 and 10: the lr of the next update, 3e-3 * (1 - 5/10), then 0
+    assert lrs == pytest.approx([1.5e-3, 0.0])
+
+
+def test_time_budget_counts_resumed_time(toy_corpus, tmp_path):
+    trainer = make_trainer(toy_corpus, tmp_path / "run", schedule="linear", max_time=2.0)
+    trainer.elapsed, trainer.clock_start = 30.0, time.time() - 30.0  # 30 s before a resume, 30 s since
+    assert trainer.budget_used() == pytest.approx(0.5, abs=0.01)  # of 120 s
 
 
 def test_label_smoothed_loss_by_hand():
@@ -68,6 +91,10 @@ def make_trainer(corpus_dir, run_dir, **train) -> Trainer:
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = make_config(corpus_dir, run_dir, **train)
     return Trainer(cfg, prepare_data(cfg, run_dir, cfg.model.max_positions), run_dir)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def record_batches(trainer: Trainer) -> list:
