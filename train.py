@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import datasets
 import hydra
 import torch.distributed as dist
 from hydra.core.hydra_config import HydraConfig
@@ -41,6 +42,8 @@ def main(dcfg: DictConfig) -> None:
     job_start = time.time()
     try:
         cfg = to_dataclass(dcfg)
+        if not cfg.train.progress:  # no bars at all, also none from `datasets` while it reads and maps the corpus
+            datasets.disable_progress_bars()
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         rank = init_distributed()
         if rank == 0:

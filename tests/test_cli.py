@@ -26,8 +26,9 @@ def run(args, input=None, check=True, timeout=600):
 @pytest.fixture(scope="module")
 def smoke_run(multi30k_subset, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("smoke")
-    run(["train.py", "+experiment=smoke", f"data.dir={multi30k_subset}", f"run_dir={run_dir}",
-         "train.progress=false", "train.valid_every=20"])  # fmt: skip
+    p = run(["train.py", "+experiment=smoke", f"data.dir={multi30k_subset}", f"run_dir={run_dir}",
+             "train.progress=false", "train.valid_every=20"])  # fmt: skip
+    (run_dir / "stderr.txt").write_text(p.stderr)
     return run_dir
 
 
@@ -44,6 +45,12 @@ def test_train_writes_everything(smoke_run):
     assert len(valid) >= 3 and valid[-1]["valid_loss"] < valid[0]["valid_loss"]
     report = json.loads((smoke_run / "test_2016_flickr.report.json").read_text())
     assert report["sentences"] == 40 and "nrefs:1" in report["bleu_signature"]
+
+
+@needs_multi30k()
+def test_progress_false_means_no_progress_bars(smoke_run):
+    stderr = (smoke_run / "stderr.txt").read_text()
+    assert "training stopped" in stderr and "examples/s" not in stderr and "it/s" not in stderr
 
 
 @needs_multi30k()
