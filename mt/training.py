@@ -252,7 +252,8 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.update += 1
-        self.budget = self.budget_used()
+        if self.tc.schedule == "linear":  # the only schedule that reads it (and under DDP it costs an all_reduce)
+            self.budget = self.budget_used()
         self.scheduler.step()
         return stats
 
