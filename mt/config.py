@@ -191,6 +191,9 @@ def validate(cfg: Config) -> None:
     if cfg.train.schedule == "linear" and not (cfg.train.max_updates or cfg.train.max_time):
         raise ConfigError("train.schedule=linear decays the lr to 0 over the run's budget; "
                           "set train.max_updates or train.max_time")  # fmt: skip
+    if cfg.train.schedule != "constant" and cfg.train.warmup < 1:
+        raise ConfigError(f"train.warmup={cfg.train.warmup}: the {cfg.train.schedule} schedule needs warmup >= 1 "
+                          "update (or train.schedule=constant)")  # fmt: skip
     if cfg.train.accumulate < 1:
         raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
     validate_decode(cfg.decode)

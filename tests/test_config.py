@@ -66,6 +66,7 @@ def test_wrong_type_fails():
         ("model.n_heads=7", "model.d_model"),
         ("decode.nbest=9", "decode.beam_size"),
         ("train.schedule=linear", "train.schedule=linear"),  # no max_updates/max_time to decay over
+        ("train.warmup=0", "train.warmup"),
     ],
 )
 def test_bad_values_name_their_key(override, key):
