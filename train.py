@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mt.config import register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.training import Trainer, finish, prepare_data, restore_signal_handlers
+from mt.training import Trainer, finish, keep_freed_memory_in_the_heap, prepare_data, restore_signal_handlers
 
 log = logging.getLogger("train")
 register_configs()
@@ -40,6 +40,7 @@ def init_distributed() -> int:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(dcfg: DictConfig) -> None:
     job_start = time.time()
+    keep_freed_memory_in_the_heap()
     try:
         cfg = to_dataclass(dcfg)
         if not cfg.train.progress:  # no bars at all, also none from `datasets` while it reads and maps the corpus

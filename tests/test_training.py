@@ -3,7 +3,9 @@
 import json
 import math
 import os
+import platform
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +17,9 @@ from mt.config import Config, DataConfig, DecodeConfig, TokenizerConfig, TrainCo
 from mt.training import (
     Trainer,
     TrainingError,
+    finish,
     inverse_sqrt_lr,
+    keep_freed_memory_in_the_heap,
     label_smoothed_loss,
     linear_lr,
     noam_lr,
@@ -236,6 +240,28 @@ def test_checkpoints_kept_averaged_and_self_describing(toy_corpus, tmp_path):
     assert '"kind": "valid"' in metrics and "valid_bleu" in metrics
 
 
+def test_final_choice_scores_best_and_average_on_the_whole_val_split(toy_corpus, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    trainer = make_trainer(toy_corpus, run, max_epochs=3, keep_last=2, average_last=2, valid_bleu=True,
+                           valid_bleu_subset=2)  # fmt: skip
+    decoded = []  # sentences each BLEU validation decodes
+    bleu = trainer.bleu
+    monkeypatch.setattr(trainer, "bleu", lambda ds, cfg: decoded.append(len(ds)) or bleu(ds, cfg))
+    trainer.fit(job_start=0)
+    assert decoded == [2, 2, 2]  # per epoch: the subset
+    finish(trainer)
+    n_valid = len(trainer.corpus.valid)
+    assert decoded[3:5] == [n_valid, n_valid] and n_valid > 2  # both candidates on all of val
+    rows = {r["candidate"]: r for r in read_metrics(run) if r["kind"] == "final_choice"}
+    assert set(rows) == {"checkpoint_best.pt", "checkpoint_averaged.pt (last 2)"}
+    winner = max(rows, key=lambda k: rows[k]["valid_bleu"])  # ties keep the best epoch (listed first)
+    final = checkpoint.load(run / "checkpoint_final.pt")
+    assert final["chosen"] == winner
+    source = "checkpoint_best.pt" if winner == "checkpoint_best.pt" else "checkpoint_averaged.pt"
+    expected = checkpoint.load(run / source)
+    torch.testing.assert_close(final["model"], expected["model"])
+
+
 def test_resume_refuses_a_different_model(toy_corpus, tmp_path):
     make_trainer(toy_corpus, tmp_path / "run", max_updates=3).fit(job_start=0)
     cfg = make_config(toy_corpus, tmp_path / "run")
@@ -261,3 +287,8 @@ def test_average_command(toy_corpus, tmp_path):
     checkpoint.build_model(avg)  # loads for translation
     with pytest.raises(SystemExit):
         checkpoint.main([str(run), "--average-last", "9"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_malloc_thresholds_are_accepted_on_glibc():
+    assert keep_freed_memory_in_the_heap()  # every mallopt call returned 1 (an out-of-range value returns 0)
