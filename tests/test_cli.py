@@ -67,6 +67,14 @@ def test_translate_stdin_lines_and_nbest(smoke_run):
 
 
 @needs_multi30k()
+def test_translate_writes_no_files_and_logs_to_stderr(smoke_run, tmp_path):
+    p = subprocess.run([sys.executable, str(ROOT / "translate.py"), f"checkpoint={smoke_run}"], cwd=tmp_path,
+                       input="a dog runs .\n", capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
+    assert len(p.stdout.splitlines()) == 1 and "sentences/s" in p.stderr
+    assert list(tmp_path.iterdir()) == []  # no Hydra log file or output dir in the working directory
+
+
+@needs_multi30k()
 def test_translate_reads_gzipped_input_file(smoke_run, tmp_path):
     import gzip
 
