@@ -90,6 +90,7 @@ class TrainConfig:
     lr: float = 5e-4  # peak lr for inverse_sqrt and linear
     schedule: str = "noam"  # noam | inverse_sqrt | linear (to 0 at the end of max_updates/max_time) | constant
     noam_scale: float = 1.0
+    cooldown: float = 0.0  # last fraction of max_updates/max_time over which any schedule's lr falls linearly to 0
     warmup: int = 4000
     warmup_init_lr: float = 1e-7
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
@@ -191,6 +192,11 @@ def validate(cfg: Config) -> None:
     if cfg.train.schedule == "linear" and not (cfg.train.max_updates or cfg.train.max_time):
         raise ConfigError("train.schedule=linear decays the lr to 0 over the run's budget; "
                           "set train.max_updates or train.max_time")  # fmt: skip
+    if not 0.0 <= cfg.train.cooldown <= 1.0:
+        raise ConfigError(f"train.cooldown={cfg.train.cooldown} is a fraction of the budget; use a value in [0, 1]")
+    if cfg.train.cooldown and not (cfg.train.max_updates or cfg.train.max_time):
+        raise ConfigError(f"train.cooldown={cfg.train.cooldown} anneals the lr over the end of the run's budget; "
+                          "set train.max_updates or train.max_time (or train.cooldown=0)")  # fmt: skip
     if cfg.train.schedule != "constant" and cfg.train.warmup < 1:
         raise ConfigError(f"train.warmup={cfg.train.warmup}: the {cfg.train.schedule} schedule needs warmup >= 1 "
                           "update (or train.schedule=constant)")  # fmt: skip

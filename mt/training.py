@@ -66,14 +66,23 @@ def linear_lr(step: int, peak: float, warmup: int, budget_used: float) -> float:
     return peak * min(1.0, max(step, 1) / warmup) * max(0.0, 1.0 - budget_used)
 
 
+def cooldown_factor(budget_used: float, cooldown: float) -> float:
+    """1 until the last `cooldown` fraction of the budget, then linear down to 0 at its end ("warmup-stable-decay")."""
+    if cooldown <= 0:
+        return 1.0
+    return min(1.0, max(0.0, (1.0 - budget_used) / cooldown))
+
+
 def lr_at(step: int, cfg: TrainConfig, d_model: int, budget_used: float = 0.0) -> float:
     if cfg.schedule == "noam":
-        return noam_lr(step, d_model, cfg.warmup, cfg.noam_scale)
-    if cfg.schedule == "inverse_sqrt":
-        return inverse_sqrt_lr(step, cfg.lr, cfg.warmup, cfg.warmup_init_lr)
-    if cfg.schedule == "linear":
-        return linear_lr(step, cfg.lr, cfg.warmup, budget_used)
-    return cfg.lr
+        lr = noam_lr(step, d_model, cfg.warmup, cfg.noam_scale)
+    elif cfg.schedule == "inverse_sqrt":
+        lr = inverse_sqrt_lr(step, cfg.lr, cfg.warmup, cfg.warmup_init_lr)
+    elif cfg.schedule == "linear":
+        lr = linear_lr(step, cfg.lr, cfg.warmup, budget_used)
+    else:
+        lr = cfg.lr
+    return lr * cooldown_factor(budget_used, cfg.cooldown)
 
 
 class _LabelSmoothedCE(torch.autograd.Function):
@@ -236,7 +245,7 @@ class Trainer:
         self.optimizer = self._optimizer()
         self.update, self.epochs_done, self.elapsed = 0, 0, 0.0
         self.clock_start = time.time()  # start of the current stretch of wall-clock not yet added to `elapsed`
-        self.budget = 0.0  # fraction of max_updates/max_time spent, as of the last update (the linear schedule's)
+        self.budget = 0.0  # fraction of max_updates/max_time spent, as of the last update (linear lr, cooldown)
         schedule = functools.partial(lr_at, cfg=self.tc, d_model=cfg.model.d_model)
         # The optimizer's base lr is 1, so the lambda's value is the learning rate itself. LambdaLR's own
         # counter is the update number (step 0 = before the first update).
@@ -305,7 +314,7 @@ class Trainer:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.update += 1
-        if self.tc.schedule == "linear":  # the only schedule that reads it (and under DDP it costs an all_reduce)
+        if self.tc.schedule == "linear" or self.tc.cooldown:  # only these read it (under DDP it costs an all_reduce)
             self.budget = self.budget_used()
         self.scheduler.step()
         return stats

@@ -67,6 +67,8 @@ def test_wrong_type_fails():
         ("decode.nbest=9", "decode.beam_size"),
         ("train.schedule=linear", "train.schedule=linear"),  # no max_updates/max_time to decay over
         ("train.warmup=0", "train.warmup"),
+        ("train.cooldown=0.2", "train.cooldown=0.2"),  # no max_updates/max_time to anneal at the end of
+        ("train.cooldown=1.5", "train.cooldown"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

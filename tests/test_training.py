@@ -17,6 +17,7 @@ from mt.config import Config, DataConfig, DecodeConfig, TokenizerConfig, TrainCo
 from mt.training import (
     Trainer,
     TrainingError,
+    cooldown_factor,
     finish,
     inverse_sqrt_lr,
     keep_freed_memory_in_the_heap,
@@ -55,6 +56,22 @@ def test_linear_schedule_reaches_zero_at_the_end_of_the_budget(toy_corpus, tmp_p
     lrs = [r["lr"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
     # logged after update 5 and 10: the lr of the next update, 3e-3 * (1 - 5/10), then 0
     assert lrs == pytest.approx([1.5e-3, 0.0])
+
+
+def test_cooldown_values():
+    assert cooldown_factor(0.5, 0.0) == 1.0  # off
+    assert cooldown_factor(0.7, 0.2) == 1.0  # before the last 20%
+    assert cooldown_factor(0.9, 0.2) == pytest.approx(0.5)
+    assert cooldown_factor(1.0, 0.2) == 0.0
+
+
+def test_cooldown_anneals_inverse_sqrt_to_zero(toy_corpus, tmp_path):
+    trainer = make_trainer(toy_corpus, tmp_path / "run", schedule="inverse_sqrt", warmup=2, max_updates=10,
+                           cooldown=0.5)  # fmt: skip
+    trainer.fit(job_start=0)
+    lrs = [r["lr"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
+    # logged after update 5 and 10: the lr of the next update, 3e-3 * sqrt(2 / 6) (cooldown starts at 5), then 0
+    assert lrs == pytest.approx([3e-3 * (2 / 6) ** 0.5, 0.0])
 
 
 def test_time_budget_counts_resumed_time(toy_corpus, tmp_path):
