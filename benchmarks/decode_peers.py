@@ -2,7 +2,7 @@
 
     pip install -e ".[bench]"
     python benchmarks/decode_peers.py --shape small [--repeats 3]
-    python benchmarks/decode_peers.py --shape base
+    python benchmarks/decode_peers.py --shape base [--profile]
 
 64 random source sentences (15-25 tokens), every output forced to exactly 30 decoder steps (no early </s>), so
 all systems do the same work whatever their random weights predict. Beam 5 and greedy, batch 64. HF
@@ -70,6 +70,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=SHAPES, default="small")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--profile", action="store_true",
+                    help="then profile this project's runs (torch.profiler, top operators by self CPU time)")
     args = ap.parse_args()
     shape = SHAPES[args.shape]
     import ctranslate2
@@ -147,6 +149,13 @@ def main() -> None:
             med = statistics.median(rates)
             print(f"{'':8}{name:<22}{med:>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
                   f"{ours['fp32'] / med:>17.2f}x{ours['int8'] / med:>17.2f}x")  # fmt: skip
+    if args.profile:
+        for (search_name, name), fn in systems.items():
+            if name.startswith("this project"):
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                    fn()
+                print(f"\nprofile, {search_name}, {name}:")
+                print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=14))
     shutil.rmtree(work, ignore_errors=True)
 
 

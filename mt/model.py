@@ -137,10 +137,8 @@ class Attention(nn.Module):
 
     def forward_self(self, x: Tensor, mask: Tensor | None, causal: bool, cache: dict | None = None) -> Tensor:
         q, k, v = (self.split_heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
-        if cache is not None:  # incremental decoding: append this step's keys/values to the earlier ones
-            if "k" in cache:
-                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
+        if cache is not None:  # incremental decoding: this step's keys/values after the earlier ones
+            k, v = append_kv(cache, k, v)
             # One new position may attend to everything cached; several new ones need the offset causal mask.
             causal = causal and q.size(2) > 1
             if causal and k.size(2) != q.size(2):
@@ -222,9 +220,28 @@ class DecoderLayer(nn.Module):
         return self.sub_ffn(x, self.ffn)
 
 
+def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """Write a step's self-attention keys/values (N, H, t, Dh) after the cached ones and return all of them, as
+    views of the cache's buffers (N, H, capacity, Dh). The buffers double when full, so a step writes its t
+    positions instead of copying the whole history (as torch.cat would, in every layer at every step)."""
+    n = cache.get("n", 0)
+    end = n + k.size(2)
+    if "k" not in cache or end > cache["k"].size(2):
+        for name, new in (("k", k), ("v", v)):
+            buf = new.new_empty(new.size(0), new.size(1), max(16, 2 * end), new.size(3))
+            if name in cache:
+                buf[:, :, :n] = cache[name][:, :, :n]
+            cache[name] = buf
+    cache["k"][:, :, n:end] = k
+    cache["v"][:, :, n:end] = v
+    cache["n"] = end
+    return cache["k"][:, :, :end], cache["v"][:, :, :end]
+
+
 class DecoderCache:
-    """Per decoder layer: self-attention keys/values of the positions so far (one row per decoder row), and the
-    cross-attention keys/values of the encoder output (one row per encoder row; computed on the first step)."""
+    """Per decoder layer: self-attention keys/values of the positions so far (one row per decoder row; see
+    `append_kv`), and the cross-attention keys/values of the encoder output (one row per encoder row; computed
+    on the first step)."""
 
     def __init__(self, n_layers: int):
         self.layers: list[dict] = [{} for _ in range(n_layers)]
@@ -235,11 +252,14 @@ class DecoderCache:
         encoder rows `memory_index` (sentences leaving the batch). When decoder and encoder rows are the same
         batch (one row per sentence), pass the same index twice."""
         for layer in self.layers:
-            for key, t in layer.items():
-                if not key.startswith("mem_"):
-                    layer[key] = t.index_select(0, index)
-                elif memory_index is not None:
-                    layer[key] = t.index_select(0, memory_index)
+            n = layer.get("n", 0)
+            for key in ("k", "v") if n else ():  # only the filled positions, into a buffer of the same capacity
+                t = layer[key]
+                layer[key] = t.new_empty((index.numel(),) + t.shape[1:])
+                torch.index_select(t[:, :, :n], 0, index, out=layer[key][:, :, :n])
+            if memory_index is not None and "mem_k" in layer:
+                layer["mem_k"] = layer["mem_k"].index_select(0, memory_index)
+                layer["mem_v"] = layer["mem_v"].index_select(0, memory_index)
 
 
 class Transformer(nn.Module):

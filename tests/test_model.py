@@ -124,6 +124,26 @@ def test_cached_decoding_equals_full_recomputation(norm):
     torch.testing.assert_close(torch.cat(steps[4:], 1), full[order, 6:], atol=1e-5, rtol=1e-5)
 
 
+def test_cache_buffers_grow_and_reorder_over_long_outputs():
+    """40 steps, one at a time: the self-attention buffers are reallocated twice (capacity 16, then 34, then 70),
+    with beam-style reorders before and after a reallocation; every step equals the full recomputation."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(), V, V).eval()
+    src, pad_mask, tgt = random_batch(T=40)
+    with torch.no_grad():
+        memory = model.encode(src, pad_mask)
+        cache, order, steps = model.new_cache(), torch.arange(4), []
+        for t in range(40):
+            if t in (10, 20, 36):
+                perm = torch.tensor([3, 3, 0, 1]) if t == 20 else torch.tensor([1, 2, 3, 0])
+                cache.reorder(perm, perm)
+                order = order[perm]
+            steps.append(model.decode(tgt[order, t : t + 1], memory[order], pad_mask[order], cache))
+            full = model.decode(tgt[order, : t + 1], memory[order], pad_mask[order])[:, t:]
+            torch.testing.assert_close(steps[-1], full, atol=1e-5, rtol=1e-5)
+    assert cache.layers[0]["k"].size(2) == 70 and cache.layers[0]["n"] == 40
+
+
 def test_beams_share_one_copy_of_the_encoder_output():
     """K decoder rows per sentence against B encoder rows (beam search) == the encoder output repeated K times,
     with and without the cache, including a reorder among beams and a sentence leaving the batch."""

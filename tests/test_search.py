@@ -8,7 +8,7 @@ import torch
 
 from mt.config import DecodeConfig
 from mt.model import Transformer
-from mt.search import beam_search, greedy_search, length_penalty, max_lengths
+from mt.search import beam_search, greedy_search, length_penalty, logsumexp_rows, max_lengths, topk_rows
 from mt.tokenizer import BOS, EOS, PAD, UNK
 from tests.conftest import tiny_model_config
 
@@ -98,6 +98,28 @@ def test_output_length_is_capped():
     hyps = beam_search(OracleModel(table), src, src.eq(PAD), cfg)[0]
     assert max(len(h.tokens) for h in hyps) <= 4
     assert max_lengths(src.eq(PAD), 1.5, 10, cap=8).tolist() == [8]
+
+
+@pytest.mark.parametrize("V,k", [(8000, 10), (8000, 1), (1000, 3), (997, 10), (130, 4)])
+def test_topk_rows_equals_torch_topk(V, k):
+    g = torch.Generator().manual_seed(V + k)
+    x = torch.randn(37, V, generator=g)
+    x[:, :5] = -math.inf  # forbidden tokens, as search sets them
+    x[3, V - 1] = 100.0  # the best entry of a row in the last (partial) block
+    x[4, :] = -math.inf
+    x[4, 7] = 0.0  # only one finite entry (the length limit leaves only </s>)
+    values, idx = topk_rows(x, k)
+    ref_values, ref_idx = x.topk(k, dim=-1)
+    assert torch.equal(values, ref_values)
+    assert torch.equal(x.gather(1, idx), values)  # the indices point at those values
+    finite = torch.isfinite(ref_values)
+    assert torch.equal(idx[finite], ref_idx[finite])  # random floats have no ties
+
+
+def test_logsumexp_rows_equals_torch():
+    x = torch.randn(6, 500) * 20
+    x[0, :10] = -math.inf
+    assert torch.allclose(logsumexp_rows(x.clone()), torch.logsumexp(x, -1, keepdim=True), atol=1e-5)
 
 
 def test_length_penalty_formulas():
