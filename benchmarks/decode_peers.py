@@ -70,8 +70,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=SHAPES, default="small")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--profile", action="store_true",
-                    help="then profile this project's runs (torch.profiler, top operators by self CPU time)")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="then profile this project's runs (torch.profiler, top operators by self CPU time)",
+    )
     args = ap.parse_args()
     shape = SHAPES[args.shape]
     import ctranslate2
