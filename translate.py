@@ -22,7 +22,7 @@ from mt import checkpoint, data
 from mt.config import ConfigError, DataConfig, TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
 from mt.evaluation import cross_attention, plot_attention, translate_ids, write_report
-from mt.training import pick_autocast, pick_device
+from mt.training import keep_freed_memory_in_the_heap, pick_autocast, pick_device
 
 log = logging.getLogger("translate")
 register_configs()
@@ -76,6 +76,7 @@ def write_output(path: str, lines: list[str]) -> None:
 @hydra.main(version_base="1.3", config_path="conf", config_name="translate")
 def main(dcfg: DictConfig) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s", force=True)
+    keep_freed_memory_in_the_heap()  # beam search's cache buffers and logits would otherwise page-fault anew
     try:
         cfg: TranslateConfig = to_dataclass(dcfg)
         ckpt = checkpoint.load(cfg.checkpoint)

@@ -33,6 +33,7 @@ from benchmarks.shapes import SHAPES, VOCAB  # noqa: E402
 from mt.config import DecodeConfig, ModelConfig  # noqa: E402
 from mt.model import Transformer, quantize_int8  # noqa: E402
 from mt.search import search  # noqa: E402
+from mt.training import keep_freed_memory_in_the_heap  # noqa: E402
 
 V, STEPS, N_SENT = VOCAB, 30, 64
 
@@ -76,6 +77,7 @@ def main() -> None:
         help="then profile this project's runs (torch.profiler, top operators by self CPU time)",
     )
     args = ap.parse_args()
+    keep_freed_memory_in_the_heap()  # as translate.py does (it applies to every system in this process)
     shape = SHAPES[args.shape]
     import ctranslate2
 

@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 from mt import checkpoint, data  # noqa: E402
 from mt.config import DecodeConfig  # noqa: E402
 from mt.evaluation import score, translate_ids  # noqa: E402
+from mt.training import keep_freed_memory_in_the_heap  # noqa: E402
 
 
 def main() -> None:
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
+    keep_freed_memory_in_the_heap()  # as translate.py does
     model, vocabs = checkpoint.build_model(checkpoint.load(args.checkpoint))
     model.eval()
     lines = list(data.read_lines(Path(args.input)))[: args.limit]

@@ -232,6 +232,7 @@ def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
             if name in cache:
                 buf[:, :, :n] = cache[name][:, :, :n]
             cache[name] = buf
+            cache.pop(name + "_spare", None)  # DecoderCache.reorder's second buffer, now the wrong size
     cache["k"][:, :, n:end] = k
     cache["v"][:, :, n:end] = v
     cache["n"] = end
@@ -253,10 +254,15 @@ class DecoderCache:
         batch (one row per sentence), pass the same index twice."""
         for layer in self.layers:
             n = layer.get("n", 0)
-            for key in ("k", "v") if n else ():  # only the filled positions, into a buffer of the same capacity
-                t = layer[key]
-                layer[key] = t.new_empty((index.numel(),) + t.shape[1:])
-                torch.index_select(t[:, :, :n], 0, index, out=layer[key][:, :, :n])
+            for key in ("k", "v") if n else ():
+                # Only the filled positions, into a second buffer of the same capacity kept from the previous
+                # reorder (a fresh one each step costs page faults), then the two swap roles.
+                t, spare = layer[key], layer.get(key + "_spare")
+                shape = (index.numel(),) + t.shape[1:]
+                if spare is None or spare.shape != shape:
+                    spare = t.new_empty(shape)
+                torch.index_select(t[:, :, :n], 0, index, out=spare[:, :, :n])
+                layer[key], layer[key + "_spare"] = spare, t
             if memory_index is not None and "mem_k" in layer:
                 layer["mem_k"] = layer["mem_k"].index_select(0, memory_index)
                 layer["mem_v"] = layer["mem_v"].index_select(0, memory_index)

@@ -132,7 +132,8 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) 
 
 
 def keep_freed_memory_in_the_heap() -> bool:
-    """Stop glibc malloc from handing each step's large tensors back to the kernel (Linux/glibc only).
+    """Stop glibc malloc from handing each step's large tensors back to the kernel (Linux/glibc only); train.py
+    and translate.py call it first thing.
 
     By default glibc serves blocks above a dynamic threshold with mmap and unmaps them on free, so every training
     step page-faults (and the kernel zeroes) its activations anew: ~12% system time in a Multi30k recipe run.
