@@ -51,14 +51,7 @@ def _next_logits(model, tokens: Tensor, memory: Tensor, src_pad_mask: Tensor, ca
     else:
         logits = model.decode(tokens, memory, src_pad_mask)
     logits = logits[:, -1].float()
-    return logits, logsumexp_rows(logits)
-
-
-def logsumexp_rows(x: Tensor) -> Tensor:
-    """torch.logsumexp(x, -1, keepdim=True) for (N, V) logits; spelled out (amax, then one in-place exp) because
-    that is ~1.2x faster on the CPU than the library's, and every decoding step normalises N x V logits."""
-    m = x.amax(dim=-1, keepdim=True)
-    return (x - m).exp_().sum(dim=-1, keepdim=True).log_().add_(m)
+    return logits, torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
 def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
@@ -68,7 +61,8 @@ def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     can occupy at most k blocks, and each of those blocks' maximum is at least the k-th largest entry. So:
     block maxima (`amax`, vectorised), the top k blocks, then topk over those k * block columns. On the CPU
     torch's topk and max(dim) over 8,000 columns cost more than the output projection that made the logits
-    (profiled: `max(dim=-1)` ~15x `amax`); this is ~2x faster for beam search's top-10 and ~6x for greedy's top-1.
+    (profiled: `max(dim=-1)` ~15x `amax`). Measured on (320, 8000) top-10 (beam 5 x 64 sentences) 1.9-2.4x and
+    on (64, 8000) top-1 (greedy) 3.0-3.4x faster than torch's, on one and two threads.
     Equal values may come back in a different order than torch.topk's.
     """
     n, V = x.shape
