@@ -87,8 +87,9 @@ class TrainConfig:
     max_updates: int = 0  # 0 = no limit
     max_time: float = 0.0  # minutes of training wall-clock; 0 = no limit
     optimizer: str = "adam"  # adam | adamw
-    lr: float = 5e-4  # peak lr for inverse_sqrt and linear
-    schedule: str = "noam"  # noam | inverse_sqrt | linear (to 0 at the end of max_updates/max_time) | constant
+    lr: float = 5e-4  # peak lr for inverse_sqrt, linear and constant
+    # noam | inverse_sqrt | linear (to 0 at the end of max_updates/max_time) | constant (after warmup)
+    schedule: str = "noam"
     noam_scale: float = 1.0
     cooldown: float = 0.0  # last fraction of max_updates/max_time over which any schedule's lr falls linearly to 0
     warmup: int = 4000

@@ -66,6 +66,12 @@ def linear_lr(step: int, peak: float, warmup: int, budget_used: float) -> float:
     return peak * min(1.0, max(step, 1) / warmup) * max(0.0, 1.0 - budget_used)
 
 
+def constant_lr(step: int, peak: float, warmup: int) -> float:
+    """Linear warmup to `peak` over `warmup` updates (none if 0), then `peak` (fairseq's "fixed" with warmup). With
+    `train.cooldown` this is warmup-stable-decay."""
+    return peak * min(1.0, max(step, 1) / warmup) if warmup > 0 else peak
+
+
 def cooldown_factor(budget_used: float, cooldown: float) -> float:
     """1 until the last `cooldown` fraction of the budget, then linear down to 0 at its end ("warmup-stable-decay")."""
     if cooldown <= 0:
@@ -81,7 +87,7 @@ def lr_at(step: int, cfg: TrainConfig, d_model: int, budget_used: float = 0.0) -
     elif cfg.schedule == "linear":
         lr = linear_lr(step, cfg.lr, cfg.warmup, budget_used)
     else:
-        lr = cfg.lr
+        lr = constant_lr(step, cfg.lr, cfg.warmup)
     return lr * cooldown_factor(budget_used, cfg.cooldown)
 
 

@@ -17,6 +17,7 @@ from mt.config import Config, DataConfig, DecodeConfig, TokenizerConfig, TrainCo
 from mt.training import (
     Trainer,
     TrainingError,
+    constant_lr,
     cooldown_factor,
     finish,
     inverse_sqrt_lr,
@@ -48,6 +49,12 @@ def test_linear_schedule_values():
     assert linear_lr(10, 1e-3, 20, budget_used=0.0) == pytest.approx(5e-4)  # halfway through warmup
     assert linear_lr(50, 1e-3, 20, budget_used=0.25) == pytest.approx(7.5e-4)
     assert linear_lr(90, 1e-3, 20, budget_used=1.0) == 0.0
+
+
+def test_constant_schedule_values():
+    assert constant_lr(10, 1e-3, 20) == pytest.approx(5e-4)  # halfway through warmup
+    assert constant_lr(20, 1e-3, 20) == constant_lr(5000, 1e-3, 20) == pytest.approx(1e-3)
+    assert constant_lr(1, 1e-3, 0) == pytest.approx(1e-3)  # no warmup
 
 
 def test_linear_schedule_reaches_zero_at_the_end_of_the_budget(toy_corpus, tmp_path):
