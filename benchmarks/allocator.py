@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT))
 from mt.batching import BatchLoader  # noqa: E402
 from mt.config import register_configs, to_dataclass  # noqa: E402
 from mt.model import Transformer  # noqa: E402
-from mt.tokenizer import PAD  # noqa: E402
-from mt.training import keep_freed_memory_in_the_heap, label_smoothed_loss, make_sampler, prepare_data  # noqa: E402
+from mt.training import keep_freed_memory_in_the_heap, make_sampler, prepare_data  # noqa: E402
 
 
 def load(model: str, data_dir: Path):
@@ -57,8 +56,7 @@ def child(args) -> None:
         if i == 3:  # three warm-up steps
             before = resource.getrusage(resource.RUSAGE_SELF)
         t = time.perf_counter()
-        wanted = b.tgt_out.ne(PAD)
-        loss, _ = label_smoothed_loss(model(b.src, b.src_pad_mask, b.tgt_in, wanted), b.tgt_out[wanted], 0.1)
+        loss, _ = model.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, 0.1)
         (loss / b.n_tgt_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

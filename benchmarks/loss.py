@@ -1,12 +1,17 @@
-"""Label-smoothed cross-entropy, forward + backward: this project's closed-form backward vs plain autograd.
+"""The training loss, forward + backward: this project's versions vs the plain ones, on recipe-shaped tensors.
 
-    python benchmarks/loss.py [--tokens 2400] [--vocab 8000] [--repeats 20]
+    python benchmarks/loss.py [--tokens 2400] [--dim 128] [--vocab 8000] [--repeats 20] [--chunks 64,256,1024]
 
-The reference is the same formula left to autograd (log-softmax, gather, mean over the vocabulary, masked sum),
-which is what the trainer ran before `mt.training.label_smoothed_loss` got its own backward. Logits are random
-fp32 (N tokens, V types) shaped like one update of the Multi30k recipe (2,500-token batches, 8k joint BPE; the
-trainer projects non-padding targets only). The two are interleaved call by call; prints the median [min..max]
-milliseconds per forward + backward, the ratio, and the largest gradient difference.
+1. Label-smoothed cross-entropy from logits: `mt.loss.label_smoothed_loss` (closed-form backward) vs the same
+   formula left to autograd (log-softmax, gather, mean over the vocabulary, masked sum), which is what the
+   trainer ran before. Random fp32 logits (N tokens, V types).
+2. Output projection + that loss: projecting the decoder states to logits, then `label_smoothed_loss` (what the
+   trainer did before) vs `mt.loss.projected_label_smoothed_loss`, which does both a chunk of rows at a time,
+   for each chunk size given. Random states (N, D) and a weight (V, D) scaled like the model's.
+
+The shapes default to one update of the Multi30k recipe (2,500-token batches, d_model 128, 8k joint BPE; the
+trainer projects non-padding targets only). Systems are interleaved call by call; prints the median [min..max]
+milliseconds per forward + backward, the speed-up over the reference and the largest gradient difference.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,8 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from mt.loss import label_smoothed_loss, projected_label_smoothed_loss  # noqa: E402
 from mt.tokenizer import PAD  # noqa: E402
-from mt.training import label_smoothed_loss  # noqa: E402
 
 
 def autograd_reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Tensor:
@@ -33,37 +39,60 @@ def autograd_reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -
     return ((1 - eps) * nll + eps * smooth).masked_fill(target.eq(PAD), 0.0).sum()
 
 
+def compare(title: str, inputs: list[torch.Tensor], systems: dict[str, Callable], repeats: int) -> None:
+    """Times loss_fn(*inputs).backward() for each system (the first is the reference); prints one table."""
+    grads, times = {}, {name: [] for name in systems}
+    for i in range(repeats + 2):
+        for name, loss_fn in systems.items():
+            xs = [x.clone().requires_grad_() for x in inputs]
+            t = time.perf_counter()
+            loss_fn(*xs).backward()
+            if i >= 2:  # warm-up calls are not timed
+                times[name].append((time.perf_counter() - t) * 1e3)
+            grads[name] = [x.grad for x in xs]
+    ref_name = next(iter(systems))
+    ref = statistics.median(times[ref_name])
+    print(f"\n{title}")
+    print(f"{'system':<44}{'ms per forward+backward':>28}{'speed-up':>10}{'max |grad diff|':>17}")
+    for name, ms in times.items():
+        med = statistics.median(ms)
+        diff = max((g - r).abs().max().item() for g, r in zip(grads[name], grads[ref_name]))
+        print(f"{name:<44}{med:>12.1f} [{min(ms):.1f}..{max(ms):.1f}]{'':>2}{ref / med:>9.2f}x{diff:>17.2e}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=2400)
+    ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--vocab", type=int, default=8000)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--chunks", default="64,256,1024", help="row chunks of the fused projection + loss")
     args = ap.parse_args()
     torch.manual_seed(0)
-    logits = torch.randn(args.tokens, args.vocab) * 4
-    target = torch.randint(4, args.vocab, (args.tokens,))
+    n, d, v = args.tokens, args.dim, args.vocab
+    target = torch.randint(4, v, (n,))
+    print(f"N {n} tokens, D {d}, V {v}, fp32, {args.repeats} timed calls each, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads")  # fmt: skip
 
-    systems = {
-        "closed-form backward (this project)": lambda x: label_smoothed_loss(x, target, 0.1)[0],
-        "autograd reference": lambda x: autograd_reference(x, target, 0.1),
+    compare(
+        f"1. label-smoothed loss on logits ({n}, {v})",
+        [torch.randn(n, v) * 4],
+        {
+            "autograd reference": lambda x: autograd_reference(x, target, 0.1),
+            "closed-form backward (label_smoothed_loss)": lambda x: label_smoothed_loss(x, target, 0.1)[0],
+        },
+        args.repeats,
+    )
+    fused = {
+        f"fused, chunks of {c} rows": (lambda h, w, c=c: projected_label_smoothed_loss(h, w, target, 0.1, c)[0])
+        for c in map(int, args.chunks.split(","))
     }
-    grads, times = {}, {name: [] for name in systems}
-    for i in range(args.repeats + 2):
-        for name, loss_fn in systems.items():
-            x = logits.clone().requires_grad_()
-            t = time.perf_counter()
-            loss_fn(x).backward()
-            if i >= 2:  # warm-up calls are not timed
-                times[name].append((time.perf_counter() - t) * 1e3)
-            grads[name] = x.grad
-    diff = (grads["closed-form backward (this project)"] - grads["autograd reference"]).abs().max().item()
-    print(f"logits ({args.tokens}, {args.vocab}) fp32, {args.repeats} timed calls each, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; max |grad difference| {diff:.2e}")  # fmt: skip
-    ref = statistics.median(times["autograd reference"])
-    print(f"{'loss':<40}{'ms per forward+backward':>30}{'speed-up':>10}")
-    for name, ms in times.items():
-        med = statistics.median(ms)
-        print(f"{name:<40}{med:>14.1f} [{min(ms):.1f}..{max(ms):.1f}]{'':>4}{ref / med:>9.2f}x")
+    compare(
+        f"2. output projection ({n}, {d}) x ({d}, {v}) + label-smoothed loss",
+        [torch.randn(n, d), torch.randn(v, d) * d**-0.5],
+        {"project, then label_smoothed_loss": lambda h, w: label_smoothed_loss(h @ w.t(), target, 0.1)[0], **fused},
+        args.repeats,
+    )
 
 
 if __name__ == "__main__":

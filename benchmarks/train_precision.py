@@ -27,8 +27,7 @@ sys.path.insert(0, str(ROOT))
 from mt.batching import BatchLoader  # noqa: E402
 from mt.config import register_configs, to_dataclass  # noqa: E402
 from mt.model import Transformer  # noqa: E402
-from mt.tokenizer import PAD  # noqa: E402
-from mt.training import label_smoothed_loss, make_sampler, prepare_data  # noqa: E402
+from mt.training import make_sampler, prepare_data  # noqa: E402
 
 
 def main() -> None:
@@ -57,10 +56,8 @@ def main() -> None:
 
     def step(model, opt, dtype, b) -> None:
         model.train()
-        wanted = b.tgt_out.ne(PAD)  # as the trainer: logits at non-padding targets only
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            logits = model(b.src, b.src_pad_mask, b.tgt_in, wanted)
-        loss, _ = label_smoothed_loss(logits, b.tgt_out[wanted], 0.1)
+            loss, _ = model.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, 0.1)  # as the trainer
         (loss / b.n_tgt_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mt.config import ModelConfig
+from mt.loss import projected_label_smoothed_loss
 from mt.tokenizer import PAD
 
 
@@ -323,6 +324,17 @@ class Transformer(nn.Module):
         """tgt_in (N, T) ids -> logits (N, T, V). With a cache, `tgt_in` holds only the new positions. `memory` and
         `src_pad_mask` have B rows, N a multiple of B: N = B*K decoder rows are K hypotheses per sentence.
         `wanted` (N, T) bool: logits only at those positions, (n_wanted, V), row-major order."""
+        return self.output(self.decoder_states(tgt_in, memory, src_pad_mask, cache, wanted))
+
+    def decoder_states(
+        self,
+        tgt_in: Tensor,
+        memory: Tensor,
+        src_pad_mask: Tensor,
+        cache: DecoderCache | None = None,
+        wanted: Tensor | None = None,
+    ) -> Tensor:
+        """`decode` up to the output projection: the final decoder states (N, T, D), or (n_wanted, D)."""
         offset = cache.length if cache is not None else 0
         x, attend = self.tgt_embed(tgt_in, offset), attend_mask(src_pad_mask)
         for i, layer in enumerate(self.decoder):
@@ -331,7 +343,7 @@ class Transformer(nn.Module):
             cache.length += tgt_in.size(1)
         if wanted is not None:
             x = x[wanted]  # skip the vocabulary projection (and the loss) at padding positions
-        return self.output(self.decoder_norm(x))
+        return self.decoder_norm(x)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder))
@@ -340,6 +352,16 @@ class Transformer(nn.Module):
         """Teacher forcing: logits (B, T, V) for every target position at once, or (n, V) for the `wanted` ones
         (training passes the non-padding targets)."""
         return self.decode(tgt_in, self.encode(src, src_pad_mask), src_pad_mask, wanted=wanted)
+
+    def loss(
+        self, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out: Tensor, label_smoothing: float
+    ) -> tuple[Tensor, Tensor]:
+        """Teacher-forced training loss: summed label-smoothed cross-entropy and summed NLL over the non-padding
+        `tgt_out` (B, T). The output projection is fused with the loss (`mt.loss`), so the logits never exist in
+        full."""
+        wanted = tgt_out.ne(PAD)
+        states = self.decoder_states(tgt_in, self.encode(src, src_pad_mask), src_pad_mask, wanted=wanted)
+        return projected_label_smoothed_loss(states, self.output.weight, tgt_out[wanted], label_smoothing)
 
     def config_dict(self) -> dict:
         return {"model": asdict(self.cfg), "src_vocab": self.src_vocab, "tgt_vocab": self.tgt_vocab}

@@ -22,7 +22,6 @@ from mt.training import (
     finish,
     inverse_sqrt_lr,
     keep_freed_memory_in_the_heap,
-    label_smoothed_loss,
     linear_lr,
     noam_lr,
     prepare_data,
@@ -85,40 +84,6 @@ def test_time_budget_counts_resumed_time(toy_corpus, tmp_path):
     trainer = make_trainer(toy_corpus, tmp_path / "run", schedule="linear", max_time=2.0)
     trainer.elapsed, trainer.clock_start = 30.0, time.time() - 30.0  # 30 s before a resume, 30 s since
     assert trainer.budget_used() == pytest.approx(0.5, abs=0.01)  # of 120 s
-
-
-def test_label_smoothed_loss_by_hand():
-    logits = torch.tensor([[[1.0, 2.0, 0.5, 0.0]], [[0.0, 0.0, 3.0, 1.0]]])  # (B=2, T=1, V=4)
-    target = torch.tensor([[1], [0]])  # the second is <pad>: ignored
-    eps = 0.1
-    logp = torch.log_softmax(torch.tensor([1.0, 2.0, 0.5, 0.0]), -1)
-    # (1 - eps) * NLL + eps * mean over the vocabulary of -log p
-    expected = (1 - eps) * -logp[1] + eps * -logp.mean()
-    loss, nll = label_smoothed_loss(logits, target, eps)
-    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
-    assert nll.item() == pytest.approx(-logp[1].item(), rel=1e-6)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_label_smoothed_loss_gradient_matches_autograd(dtype):
-    """The closed-form backward equals autograd through log-softmax, gather and mean (pad rows get zero)."""
-    torch.manual_seed(0)
-    logits = (torch.randn(7, 11) * 3).to(dtype).requires_grad_()
-    target = torch.tensor([3, 0, 5, 10, 1, 0, 2])  # two <pad> rows
-    eps, scale = 0.1, 0.37
-    loss, nll = label_smoothed_loss(logits, target, eps)
-    (loss * scale).backward()
-    assert not nll.requires_grad
-
-    ref_logits = logits.detach().clone().requires_grad_()
-    logp = torch.log_softmax(ref_logits.float(), -1)
-    keep = target.ne(0)
-    per_token = (1 - eps) * -logp.gather(1, target[:, None]).squeeze(1) + eps * -logp.mean(-1)
-    ((per_token * keep).sum() * scale).backward()
-    assert logits.grad.dtype == dtype
-    assert loss.item() == pytest.approx((per_token * keep).sum().item(), rel=1e-6)
-    torch.testing.assert_close(logits.grad.float(), ref_logits.grad.float(), rtol=1e-5, atol=1e-6)
-    assert logits.grad[target.eq(0)].abs().max() == 0
 
 
 def make_config(corpus_dir: Path, run_dir: Path, **train) -> Config:
