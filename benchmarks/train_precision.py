@@ -1,10 +1,13 @@
-"""Training-step throughput of this project's Transformer, fp32 vs bf16 autocast, on real Multi30k batches.
+"""Training-step throughput of this project's Transformer on real Multi30k batches: fp32 vs bf16 autocast, and
+the trainer's fused output projection + loss vs projecting to logits first.
 
     python benchmarks/train_precision.py [--model transformer_small] [--max-tokens 4096] [--steps 20]
 
 A step is what the trainer does per update: forward, label-smoothed loss, backward, clip, Adam. Batches come from
-the token-bucket sampler over Multi30k train with an 8k joint BPE. The precisions are interleaved step by step
-(same batches, same process) so machine noise hits both alike; the table gives median [min..max] target tokens/s.
+the token-bucket sampler over Multi30k train with an 8k joint BPE. The systems are interleaved step by step (same
+batches, same process) so machine noise hits all alike; the table gives median [min..max] target tokens/s.
+"fp32, logits then loss" is the trainer before `mt.loss.projected_label_smoothed_loss`: the (N, V) logits of the
+non-padding targets, then `label_smoothed_loss`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,9 @@ sys.path.insert(0, str(ROOT))
 
 from mt.batching import BatchLoader  # noqa: E402
 from mt.config import register_configs, to_dataclass  # noqa: E402
+from mt.loss import label_smoothed_loss  # noqa: E402
 from mt.model import Transformer  # noqa: E402
+from mt.tokenizer import PAD  # noqa: E402
 from mt.training import make_sampler, prepare_data  # noqa: E402
 
 
@@ -48,16 +53,21 @@ def main() -> None:
     batches = batches[: args.steps + args.warmup]
 
     systems = {}
-    for name, dtype in (("fp32", None), ("bf16 autocast", torch.bfloat16)):
+    for name, dtype, fused in (("fp32", None, True), ("fp32, logits then loss", None, False),
+                               ("bf16 autocast", torch.bfloat16, True)):  # fmt: skip
         torch.manual_seed(0)
         model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt))
         opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
-        systems[name] = (model, opt, dtype)
+        systems[name] = (model, opt, dtype, fused)
 
-    def step(model, opt, dtype, b) -> None:
+    def step(model, opt, dtype, fused, b) -> None:
         model.train()
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss, _ = model.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, 0.1)  # as the trainer
+            if fused:  # as the trainer
+                loss, _ = model.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, 0.1)
+            else:
+                wanted = b.tgt_out.ne(PAD)
+                loss, _ = label_smoothed_loss(model(b.src, b.src_pad_mask, b.tgt_in, wanted), b.tgt_out[wanted], 0.1)
         (loss / b.n_tgt_tokens).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -65,19 +75,19 @@ def main() -> None:
 
     rates: dict[str, list[float]] = {k: [] for k in systems}
     for i, b in enumerate(batches):
-        for name, (model, opt, dtype) in systems.items():
+        for name, (model, opt, dtype, fused) in systems.items():
             t = time.perf_counter()
-            step(model, opt, dtype, b)
+            step(model, opt, dtype, fused, b)
             if i >= args.warmup:
                 rates[name].append(b.n_tgt_tokens / (time.perf_counter() - t))
     n_params = sum(p.numel() for p in systems["fp32"][0].parameters())
     print(f"model {args.model} ({n_params / 1e6:.1f}M parameters), batches of <= {args.max_tokens} padded tokens, "
           f"{args.steps} timed steps, torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
-    print(f"{'precision':<16}{'target tokens/s median [min..max]':>40}{'vs fp32':>10}")
+    print(f"{'system':<24}{'target tokens/s median [min..max]':>36}{'vs fp32':>10}")
     base = statistics.median(rates["fp32"])
     for name, r in rates.items():
         med = statistics.median(r)
-        print(f"{name:<16}{med:>18.0f} [{min(r):.0f}..{max(r):.0f}]{'':>6}{med / base:>9.2f}x")
+        print(f"{name:<24}{med:>14.0f} [{min(r):.0f}..{max(r):.0f}]{'':>6}{med / base:>9.2f}x")
 
 
 if __name__ == "__main__":
