@@ -8,6 +8,7 @@
 Only translations go to stdout; logs and the score go to stderr (and report.json/md with `references`).
 """
 
+import dataclasses
 import logging
 import sys
 import time
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import hydra
 import torch
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from mt import checkpoint, data
-from mt.config import ConfigError, DataConfig, TranslateConfig, register_configs, to_dataclass
+from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
 from mt.evaluation import cross_attention, plot_attention, translate_ids, write_report
 from mt.training import keep_freed_memory_in_the_heap, pick_autocast, pick_device
@@ -73,6 +75,20 @@ def write_output(path: str, lines: list[str]) -> None:
         Path(path).write_text(text)
 
 
+def run_decode_settings(cli: DecodeConfig, ckpt: dict, overrides: list[str]) -> DecodeConfig:
+    """The decoding settings the run was evaluated with (a recipe's beam and tuned length penalty), with the
+    command line's `decode.*` keys on top. A decode group named on the command line (`decode=greedy`) replaces them,
+    as does a checkpoint without a saved config."""
+    keys = [o.split("=", 1)[0].lstrip("+~") for o in overrides]
+    saved = (ckpt.get("config") or {}).get("decode")
+    if not saved or "decode" in keys:
+        return cli
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    merged = {k: v for k, v in saved.items() if k in fields}
+    merged.update({k: getattr(cli, k) for k in (k.removeprefix("decode.") for k in keys) if k in fields})
+    return DecodeConfig(**merged)
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="translate")
 def main(dcfg: DictConfig) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s", force=True)
@@ -80,6 +96,10 @@ def main(dcfg: DictConfig) -> None:
     try:
         cfg: TranslateConfig = to_dataclass(dcfg)
         ckpt = checkpoint.load(cfg.checkpoint)
+        cfg.decode = run_decode_settings(cfg.decode, ckpt, list(HydraConfig.get().overrides.task))
+        d = cfg.decode
+        log.info("decoding: beam %d, length penalty %s %g (the run's settings unless given as decode.*)",
+                 d.beam_size, d.length_penalty_type, d.length_penalty)  # fmt: skip
         model, vocabs = checkpoint.build_model(ckpt)
         device = pick_device(cfg.device)
         model.to(device).eval()

@@ -199,3 +199,18 @@ def test_sigterm_saves_and_the_same_command_resumes(multi30k_subset, tmp_path):
     assert (tmp_path / "checkpoint_last.pt").is_file()
     p = run([*args[1:6], "train.max_epochs=1", "train.progress=false"], check=True)
     assert "resumed from" in p.stderr
+
+
+def test_translate_decodes_with_the_runs_settings_unless_overridden():
+    """A recipe's tuned decoding (saved in the checkpoint's config) is the default; decode.* keys override single
+    settings and a decode group on the command line replaces them."""
+    from mt.config import DecodeConfig
+    from translate import run_decode_settings
+
+    ckpt = {"config": {"decode": {**vars(DecodeConfig()), "beam_size": 5, "length_penalty": 1.5}}}
+    cli = DecodeConfig(beam_size=4, length_penalty=1.0, nbest=3)
+    assert run_decode_settings(cli, ckpt, ["checkpoint=x"]) == DecodeConfig(beam_size=5, length_penalty=1.5)
+    got = run_decode_settings(cli, ckpt, ["checkpoint=x", "decode.beam_size=4", "decode.nbest=3"])
+    assert got == DecodeConfig(beam_size=4, length_penalty=1.5, nbest=3)
+    assert run_decode_settings(cli, ckpt, ["decode=greedy", "decode.nbest=3"]) is cli
+    assert run_decode_settings(cli, {"config": None}, []) is cli
