@@ -4,6 +4,7 @@
     python benchmarks/train_peers.py --shape small [--dtypes fp32,bf16] [--steps 8]
     python benchmarks/train_peers.py --shape base
     python benchmarks/train_peers.py --shape small --dtypes fp32 --compile   # adds this project under torch.compile
+    python benchmarks/train_peers.py --shape base --dtypes fp32 --profile    # then where a step's time goes
 
 One step = forward + label-smoothed cross-entropy + backward + Adam. The peers project every position to logits
 and take `mt.loss.label_smoothed_loss`; this project runs its trainer's `TrainingLoss` (non-padding targets
@@ -11,7 +12,9 @@ only, output projection fused with the same loss, `mt.loss`), which gives the sa
 random batches of ~4,000 target tokens with lengths 10-30 and an 8,000-type tied vocabulary. All systems have the
 same shape (post-norm, ReLU, dropout 0.1, three-way tied embeddings), see the same batches and are interleaved
 step by step in one process, so machine noise hits all alike. Prints target tokens/s median [min..max], ratios
-to each peer, and model FLOP/s as a share of the measured matmul peak of the same dtype.
+to each peer, and model FLOP/s as a share of the measured matmul peak of the same dtype. `--profile` then
+profiles two steps of this project and of HF Marian (torch.profiler, top operators by self CPU time, and the
+share spent in matmuls, which bounds what any implementation can gain at a given matmul speed).
 """
 
 from __future__ import annotations
@@ -106,6 +109,22 @@ def random_batches(n: int, tokens: int, seed: int = 0) -> list[tuple]:
     return out
 
 
+def train_step(name: str, model: nn.Module, opt: torch.optim.Optimizer, dtype: torch.dtype | None, batch: tuple):
+    src, src_pad, tgt_in, tgt_out, n_tok = batch
+    model.train()
+    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+        if name.startswith("this project"):  # as its trainer runs
+            loss, _ = model(src, src_pad, tgt_in, tgt_out)
+        else:
+            loss, _ = label_smoothed_loss(model(src, src_pad, tgt_in), tgt_out, 0.1)
+    (loss / n_tok).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmm_", "aten::_addmm_activation"}
+
+
 def matmul_peak(dtype: torch.dtype, n: int = 2048) -> float:
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     for _ in range(2):
@@ -124,6 +143,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--compile", action="store_true", help="also time this project's model under torch.compile")
+    ap.add_argument("--profile", action="store_true", help="then profile this project's and HF Marian's steps")
     args = ap.parse_args()
     shape = SHAPES[args.shape]
     builders = {"this project": ours, "torch.nn.Transformer": TorchTransformer, "HF Marian": marian}
@@ -142,20 +162,12 @@ def main() -> None:
             systems[(name, dname)] = (model, opt, dtypes[dname])
     batches = random_batches(args.steps + args.warmup, args.tokens)
     rates: dict[tuple, list[float]] = {k: [] for k in systems}
-    for i, (src, src_pad, tgt_in, tgt_out, n_tok) in enumerate(batches):
-        for key, (model, opt, dtype) in systems.items():
-            model.train()
+    for i, batch in enumerate(batches):
+        for key, system in systems.items():
             t = time.perf_counter()
-            with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-                if key[0].startswith("this project"):  # as its trainer runs
-                    loss, _ = model(src, src_pad, tgt_in, tgt_out)
-                else:
-                    loss, _ = label_smoothed_loss(model(src, src_pad, tgt_in), tgt_out, 0.1)
-            (loss / n_tok).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            train_step(key[0], *system, batch)
             if i >= args.warmup:
-                rates[key].append(n_tok / (time.perf_counter() - t))
+                rates[key].append(batch[-1] / (time.perf_counter() - t))
     n_params = sum(p.numel() for p in systems[("this project", args.dtypes.split(",")[0])][0].parameters())
     # Model FLOPs per target token: 6 x parameters touched (forward 2, backward 4); source ~ target length.
     flops_per_token = 6 * n_params
@@ -175,6 +187,17 @@ def main() -> None:
             for peer in peers:
                 line += f"{med / statistics.median(rates[(peer, dname)]):>23.2f}x"
         print(line)
+    if args.profile:
+        dname, profiled = args.dtypes.split(",")[0], batches[:2]
+        for name in ("this project", "HF Marian"):
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                for batch in profiled:
+                    train_step(name, *systems[(name, dname)], batch)
+            events = prof.key_averages()
+            total = sum(e.self_cpu_time_total for e in events)
+            share = 100 * sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / total
+            print(f"\nprofile, {name} {dname}, {len(profiled)} steps: {share:.1f}% of self CPU time in matmuls")
+            print(events.table(sort_by="self_cpu_time_total", row_limit=14))
 
 
 if __name__ == "__main__":
