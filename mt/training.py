@@ -192,6 +192,20 @@ def _distributed() -> tuple[int, int]:
     return 1, 0
 
 
+# Why training stopped, as a code that ranks agree on with an all_reduce(MAX): they must all take the same path
+# after the loop (a budget stop validates the partial epoch, which has collectives; a signal exits to resume).
+BUDGET, OTHER, SIGNAL = 1, 2, 3
+STOP_ON_ANOTHER_RANK = {BUDGET: "max_time", OTHER: "stopped by another rank", SIGNAL: "SIGTERM"}
+
+
+def stop_code(reason: str | None) -> int:
+    if reason is None:
+        return 0
+    if reason in ("max_time", "max_updates"):
+        return BUDGET
+    return SIGNAL if reason in ("SIGINT", "SIGTERM") else OTHER
+
+
 class TrainingLoss(torch.nn.Module):
     """The model's teacher-forced `loss` as a module's forward, which is what DDP and torch.compile wrap."""
 
@@ -427,12 +441,13 @@ class Trainer:
             self.stop_reason = self.stop_reason or "max_updates"
         if tc.max_time and self.elapsed_now() >= tc.max_time * 60:
             self.stop_reason = self.stop_reason or "max_time"
-        flag = torch.tensor([0.0 if self.stop_reason is None else 1.0], device=self.device)
-        if self.world > 1:  # every rank stops at the same update
+        code = stop_code(self.stop_reason)
+        if self.world > 1:  # every rank stops at the same update, for the same kind of reason
+            flag = torch.tensor([float(code)], device=self.device)
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            if flag.item() and self.stop_reason is None:
-                self.stop_reason = "stopped by another rank"
-        return bool(flag.item())
+            if int(flag.item()) > code:  # ranks' clocks differ: one may reach max_time an update before the others
+                code, self.stop_reason = int(flag.item()), STOP_ON_ANOTHER_RANK[int(flag.item())]
+        return code > 0
 
     def _validate_and_keep_best(self) -> dict:
         result = self.validate() if self.rank == 0 else {}
@@ -504,7 +519,7 @@ class Trainer:
         self.elapsed, self.clock_start = self.elapsed_now(), time.time()
         reason = self.stop_reason or "max_epochs"
         if self.sampler.position:  # stopped inside an epoch: keep the place so that the run can resume
-            if reason in ("max_time", "max_updates") and not tc.valid_every:
+            if stop_code(reason) == BUDGET and not tc.valid_every:
                 self._validate_and_keep_best()  # the partial epoch's training may still give the best model
             self.save("checkpoint_last.pt")
         return reason

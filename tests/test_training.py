@@ -281,3 +281,57 @@ def test_average_command(toy_corpus, tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_malloc_thresholds_are_accepted_on_glibc():
     assert keep_freed_memory_in_the_heap()  # every mallopt call returned 1 (an out-of-range value returns 0)
+
+
+def _should_stop_on_rank(rank: int, port: int, elapsed: list[float], other: list, out) -> None:
+    """One rank of `test_ranks_agree_on_why_they_stop`: Trainer._should_stop with this rank's clock and reason."""
+    import types
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        fake = types.SimpleNamespace(tc=TrainConfig(max_time=1.0), update=7, world=2, device=torch.device("cpu"),
+                                     stop_reason=other[rank], elapsed_now=lambda: elapsed[rank])  # fmt: skip
+        out.put((rank, Trainer._should_stop(fake), fake.stop_reason))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "elapsed, reasons, expected",
+    [
+        # rank 1's clock passes max_time one update before rank 0's: both stop on the budget, so both validate the
+        # partial epoch (a collective) instead of rank 0 skipping it while rank 1 waits for it
+        ([30.0, 61.0], [None, None], ["max_time", "max_time"]),
+        # a signal on one rank and the budget on the other: both stop as interrupted (exit, resume later)
+        ([61.0, 30.0], [None, "SIGTERM"], ["SIGTERM", "SIGTERM"]),
+        # patience (decided on rank 0) wins over the other rank's budget: neither validates again
+        (
+            [30.0, 61.0],
+            ["no improvement in 3 validations (patience)", None],
+            ["no improvement in 3 validations (patience)", "stopped by another rank"],
+        ),
+    ],
+)
+def test_ranks_agree_on_why_they_stop(elapsed, reasons, expected):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from mt.training import stop_code
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_should_stop_on_rank, args=(r, port, elapsed, reasons, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict((rank, (stop, reason)) for rank, stop, reason in (out.get(timeout=60) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+    assert [got[r][0] for r in range(2)] == [True, True]
+    assert [got[r][1] for r in range(2)] == expected
+    assert stop_code(got[0][1]) == stop_code(got[1][1])
