@@ -71,6 +71,14 @@ class TokenBucketSampler(Sampler[list[int]]):
         """How many examples alone exceed the budget (each gets a batch of its own)."""
         return int((np.maximum(self.src_lens, self.tgt_lens) > self.max_tokens).sum())
 
+    def set_lengths(self, src_lens: Sequence[int], tgt_lens: Sequence[int]) -> None:
+        """New lengths for the same examples (a re-segmented corpus); the current epoch's batches are recut."""
+        if len(src_lens) != len(self.src_lens) or len(tgt_lens) != len(self.tgt_lens):
+            raise ValueError("set_lengths needs one source and one target length per example, as before")
+        self.src_lens = np.asarray(src_lens, dtype=np.int64)
+        self.tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
+        self._batches = None
+
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch, self.position, self._batches = epoch, 0, None

@@ -99,6 +99,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0
     label_smoothing: float = 0.1
+    # BPE-dropout (Provilkov et al., 2020): each epoch re-segments the training pairs skipping each merge with this
+    # probability; validation, test and translate.py keep the deterministic segmentation. 0 = off.
+    bpe_dropout: float = 0.0
     valid_every: int = 0  # updates; 0 = once per epoch
     valid_bleu: bool = True
     valid_bleu_subset: int = 0  # sentences of val decoded for BLEU; 0 = all
@@ -193,6 +196,8 @@ def validate(cfg: Config) -> None:
     if cfg.train.schedule == "linear" and not (cfg.train.max_updates or cfg.train.max_time):
         raise ConfigError("train.schedule=linear decays the lr to 0 over the run's budget; "
                           "set train.max_updates or train.max_time")  # fmt: skip
+    if not 0.0 <= cfg.train.bpe_dropout < 1.0:
+        raise ConfigError(f"train.bpe_dropout={cfg.train.bpe_dropout} is a probability; use a value in [0, 1)")
     if not 0.0 <= cfg.train.cooldown <= 1.0:
         raise ConfigError(f"train.cooldown={cfg.train.cooldown} is a fraction of the budget; use a value in [0, 1]")
     if cfg.train.cooldown and not (cfg.train.max_updates or cfg.train.max_time):

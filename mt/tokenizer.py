@@ -68,6 +68,13 @@ class Vocab:
             raise TokenizerError(f"{path}: not a usable tokenizer.json ({e}); delete it to retrain") from None
 
 
+def with_bpe_dropout(vocab: Vocab, p: float) -> Tokenizer:
+    """A copy of `vocab`'s tokenizer that skips each BPE merge with probability `p` (for training data only)."""
+    tok = Tokenizer.from_str(vocab.tokenizer.to_str())
+    tok.model.dropout = p
+    return tok
+
+
 @dataclass
 class Vocabs:
     """Source and target vocabularies; one shared object when the vocabulary is joint."""

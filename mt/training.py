@@ -31,7 +31,7 @@ from mt.batching import Batch, BatchLoader, TokenBucketSampler
 from mt.config import Config, ConfigError, DecodeConfig, TrainConfig
 from mt.evaluation import score, translate_ids, write_report
 from mt.model import Transformer
-from mt.tokenizer import Vocabs, build_vocabs, tokenize
+from mt.tokenizer import Vocabs, build_vocabs, tokenize, with_bpe_dropout
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +183,41 @@ def make_sampler(ds: datasets.Dataset, max_tokens: int, seed: int, shuffle: bool
     return TokenBucketSampler(src_lens, tgt_lens, max_tokens, seed, shuffle, num_replicas=world, rank=rank)
 
 
+class BPEDropoutSegments:
+    """The training pairs segmented afresh for every epoch with BPE-dropout (Provilkov et al., 2020).
+
+    Each BPE merge is skipped with probability p, so a word reaches the model in several segmentations. Indexing
+    it like a `datasets.Dataset` (`segments[indices]`) gives this epoch's ids, so a BatchLoader reads from it.
+    A segmentation longer than `max_len` falls back to the deterministic one. `tokenizers` draws from an RNG that
+    cannot be seeded: a resumed run sees other segmentations than an uninterrupted one would, and under DDP rank 0
+    segments and broadcasts so that every rank cuts the same batches.
+    """
+
+    def __init__(self, train: datasets.Dataset, vocabs: Vocabs, p: float, max_len: int, world: int, rank: int):
+        cols = train.select_columns(["src", "tgt", "src_ids", "tgt_ids"])[:]
+        self.texts = {"src_ids": cols["src"], "tgt_ids": cols["tgt"]}
+        self.fallback = {"src_ids": cols["src_ids"], "tgt_ids": cols["tgt_ids"]}
+        self.ids = dict(self.fallback)
+        src = with_bpe_dropout(vocabs.src, p)
+        self.tokenizers = {"src_ids": src, "tgt_ids": src if vocabs.joint else with_bpe_dropout(vocabs.tgt, p)}
+        self.max_len, self.world, self.rank = max_len, world, rank
+
+    def resegment(self) -> tuple[list[int], list[int]]:
+        """Draw this epoch's segmentation; returns the source and target lengths the sampler batches by."""
+        if self.rank == 0:
+            for side, tok in self.tokenizers.items():
+                drawn = (e.ids for e in tok.encode_batch(self.texts[side], add_special_tokens=False))
+                self.ids[side] = [d if len(d) <= self.max_len else f for d, f in zip(drawn, self.fallback[side])]
+        if self.world > 1:
+            shared = [self.ids]
+            dist.broadcast_object_list(shared, src=0)
+            self.ids = shared[0]
+        return [len(x) + 1 for x in self.ids["src_ids"]], [len(x) + 1 for x in self.ids["tgt_ids"]]  # + </s>, <s>
+
+    def __getitem__(self, indices: list[int]) -> dict:
+        return {side: [ids[i] for i in indices] for side, ids in self.ids.items()}
+
+
 # ------------------------------------------------------------------------------------ the trainer
 
 
@@ -250,6 +285,12 @@ class Trainer:
             self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
         self.sampler = make_sampler(corpus.train, self.tc.max_tokens, self.tc.seed, True, self.world, self.rank)
         self.loader = BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), self.sampler)
+        self.segments = None
+        if self.tc.bpe_dropout:
+            max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
+            self.segments = BPEDropoutSegments(corpus.train, corpus.vocabs, self.tc.bpe_dropout, max_len,
+                                               self.world, self.rank)  # fmt: skip
+            self.loader = BatchLoader(self.segments, self.sampler)
         self.best, self.bad_validations, self.nan_in_a_row = -math.inf, 0, 0
         self.stop_reason: str | None = None
         self.metrics_path = run_dir / "metrics.jsonl"
@@ -480,6 +521,8 @@ class Trainer:
                      self.sampler.padding_efficiency(), self.amp)  # fmt: skip
         while self.sampler.epoch < tc.max_epochs and not self._should_stop():
             epoch = self.sampler.epoch
+            if self.segments is not None:
+                self.sampler.set_lengths(*self.segments.resegment())
             it = iter(self.loader)
             bar = tqdm(total=steps_per_epoch, initial=self.sampler.position // tc.accumulate, desc=f"epoch {epoch + 1}",
                        disable=self.rank != 0 or not tc.progress, dynamic_ncols=True, leave=False)  # fmt: skip

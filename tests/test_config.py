@@ -69,6 +69,7 @@ def test_wrong_type_fails():
         ("train.warmup=0", "train.warmup"),
         ("train.cooldown=0.2", "train.cooldown=0.2"),  # no max_updates/max_time to anneal at the end of
         ("train.cooldown=1.5", "train.cooldown"),
+        ("train.bpe_dropout=1.0", "train.bpe_dropout"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

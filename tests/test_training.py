@@ -335,3 +335,39 @@ def test_ranks_agree_on_why_they_stop(elapsed, reasons, expected):
     assert [got[r][0] for r in range(2)] == [True, True]
     assert [got[r][1] for r in range(2)] == expected
     assert stop_code(got[0][1]) == stop_code(got[1][1])
+
+
+def test_bpe_dropout_resegments_every_epoch_and_keeps_the_text(toy_corpus, tmp_path):
+    """Each epoch draws new segmentations of the same sentences (decoding back to them), within max_len, and the
+    trainer batches by the drawn lengths; without bpe_dropout the ids are the deterministic ones."""
+    trainer = make_trainer(toy_corpus, tmp_path / "run", max_epochs=2, bpe_dropout=0.3, max_tokens=200)
+    segments, vocab = trainer.segments, trainer.corpus.vocabs.src
+    train = trainer.corpus.train
+    draws = []
+    for _ in range(2):
+        src_lens, tgt_lens = segments.resegment()
+        ids = segments[list(range(len(train)))]
+        assert [len(x) + 1 for x in ids["src_ids"]] == src_lens and [len(x) + 1 for x in ids["tgt_ids"]] == tgt_lens
+        assert vocab.decode_batch(ids["src_ids"]) == list(train["src"])
+        assert vocab.decode_batch(ids["tgt_ids"]) == list(train["tgt"])
+        draws.append(ids)
+    assert draws[0] != draws[1]  # new segmentations each epoch
+    assert sum(map(len, draws[0]["src_ids"])) > sum(train["src_len"])  # skipped merges: more, shorter pieces
+
+    seen = record_batches(trainer)
+    trainer.fit(time.time())
+    assert trainer.epochs_done == 2
+    sizes = [sum(len(b) for b in step) for step in seen]
+    assert sum(sizes) == 2 * len(train)  # every pair once per epoch, batched by its drawn length
+
+    assert make_trainer(toy_corpus, tmp_path / "plain").segments is None
+
+
+def test_bpe_dropout_falls_back_to_the_deterministic_segmentation_beyond_max_len(toy_corpus, tmp_path):
+    trainer = make_trainer(toy_corpus, tmp_path / "run", bpe_dropout=0.9)
+    segments = trainer.segments
+    segments.max_len = max(trainer.corpus.train["src_len"])  # every deterministic segmentation fits, few drawn do
+    segments.resegment()
+    ids = segments[list(range(len(trainer.corpus.train)))]
+    assert all(len(x) <= segments.max_len for x in ids["src_ids"] + ids["tgt_ids"])
+    assert any(x == f for x, f in zip(ids["src_ids"], segments.fallback["src_ids"]) if len(f) > 3)
