@@ -514,6 +514,9 @@ class Trainer:
         self.resume()
         self._install_signal_handlers()
         self.clock_start, tc = job_start, self.tc
+        drawn_for = self.sampler.epoch  # BPE-dropout: the epoch whose segmentation the sampler batches
+        if self.segments is not None:
+            self.sampler.set_lengths(*self.segments.resegment())
         steps_per_epoch = max(1, len(self.sampler) // tc.accumulate)
         if self.rank == 0:
             log.info("model: %d parameters; %d batches per epoch (rank 0), padding efficiency %.3f; autocast %s",
@@ -521,8 +524,9 @@ class Trainer:
                      self.sampler.padding_efficiency(), self.amp)  # fmt: skip
         while self.sampler.epoch < tc.max_epochs and not self._should_stop():
             epoch = self.sampler.epoch
-            if self.segments is not None:
+            if self.segments is not None and epoch != drawn_for:
                 self.sampler.set_lengths(*self.segments.resegment())
+                drawn_for = epoch
             it = iter(self.loader)
             bar = tqdm(total=steps_per_epoch, initial=self.sampler.position // tc.accumulate, desc=f"epoch {epoch + 1}",
                        disable=self.rank != 0 or not tc.progress, dynamic_ncols=True, leave=False)  # fmt: skip
