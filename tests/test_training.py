@@ -371,3 +371,43 @@ def test_bpe_dropout_falls_back_to_the_deterministic_segmentation_beyond_max_len
     ids = segments[list(range(len(trainer.corpus.train)))]
     assert all(len(x) <= segments.max_len for x in ids["src_ids"] + ids["tgt_ids"])
     assert any(x == f for x, f in zip(ids["src_ids"], segments.fallback["src_ids"]) if len(f) > 3)
+
+
+def _resegment_on_rank(rank: int, port: int, corpus_dir: Path, run_dir: Path, out) -> None:
+    """One rank of `test_bpe_dropout_ranks_batch_the_same_segmentation`."""
+    import torch.distributed as dist
+
+    from mt.training import BPEDropoutSegments
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        cfg = make_config(corpus_dir, run_dir)
+        corpus = prepare_data(cfg, run_dir, cfg.model.max_positions)
+        segments = BPEDropoutSegments(corpus.train, corpus.vocabs, 0.5, 127, world=2, rank=rank)
+        out.put((rank, [segments.resegment() for _ in range(2)], segments.ids))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bpe_dropout_ranks_batch_the_same_segmentation(toy_corpus, tmp_path):
+    """tokenizers' BPE-dropout cannot be seeded: under DDP rank 0 draws and the other ranks receive its draw, so
+    every rank cuts the same batches (different ones would give ranks different step counts and hang DDP)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    (tmp_path / "run").mkdir()
+    prepare_data(make_config(toy_corpus, tmp_path / "run"), tmp_path / "run", 128)  # tokenizer and cache, once
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_resegment_on_rank, args=(r, port, toy_corpus, tmp_path / "run", out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    got = dict((rank, (lengths, ids)) for rank, lengths, ids in (out.get(timeout=120) for _ in procs))
+    for p in procs:
+        p.join(timeout=60)
+    assert got[0] == got[1]
+    assert got[0][0][0] != got[0][0][1]  # two epochs, two draws
