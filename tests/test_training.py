@@ -283,6 +283,26 @@ def test_malloc_thresholds_are_accepted_on_glibc():
     assert keep_freed_memory_in_the_heap()  # every mallopt call returned 1 (an out-of-range value returns 0)
 
 
+def on_two_ranks(target, *args) -> dict:
+    """Run `target(rank, port, *args, out)` in two spawned processes joined by gloo; {rank: what it put in out}."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(rank, port, *args, out)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    got = {rank: rest for rank, *rest in (out.get(timeout=120) for _ in procs)}
+    for p in procs:
+        p.join(timeout=60)
+    return got
+
+
 def _should_stop_on_rank(rank: int, port: int, elapsed: list[float], other: list, out) -> None:
     """One rank of `test_ranks_agree_on_why_they_stop`: Trainer._should_stop with this rank's clock and reason."""
     import types
@@ -315,23 +335,9 @@ def _should_stop_on_rank(rank: int, port: int, elapsed: list[float], other: list
     ],
 )
 def test_ranks_agree_on_why_they_stop(elapsed, reasons, expected):
-    import socket
-
-    import torch.multiprocessing as mp
-
     from mt.training import stop_code
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_should_stop_on_rank, args=(r, port, elapsed, reasons, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict((rank, (stop, reason)) for rank, stop, reason in (out.get(timeout=60) for _ in procs))
-    for p in procs:
-        p.join(timeout=60)
+    got = on_two_ranks(_should_stop_on_rank, elapsed, reasons)
     assert [got[r][0] for r in range(2)] == [True, True]
     assert [got[r][1] for r in range(2)] == expected
     assert stop_code(got[0][1]) == stop_code(got[1][1])
@@ -392,22 +398,8 @@ def _resegment_on_rank(rank: int, port: int, corpus_dir: Path, run_dir: Path, ou
 def test_bpe_dropout_ranks_batch_the_same_segmentation(toy_corpus, tmp_path):
     """tokenizers' BPE-dropout cannot be seeded: under DDP rank 0 draws and the other ranks receive its draw, so
     every rank cuts the same batches (different ones would give ranks different step counts and hang DDP)."""
-    import socket
-
-    import torch.multiprocessing as mp
-
     (tmp_path / "run").mkdir()
     prepare_data(make_config(toy_corpus, tmp_path / "run"), tmp_path / "run", 128)  # tokenizer and cache, once
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_resegment_on_rank, args=(r, port, toy_corpus, tmp_path / "run", out)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    got = dict((rank, (lengths, ids)) for rank, lengths, ids in (out.get(timeout=120) for _ in procs))
-    for p in procs:
-        p.join(timeout=60)
+    got = on_two_ranks(_resegment_on_rank, toy_corpus, tmp_path / "run")
     assert got[0] == got[1]
     assert got[0][0][0] != got[0][0][1]  # two epochs, two draws
