@@ -184,7 +184,13 @@ def test_batched_beam_equals_one_sentence_at_a_time(trained_model):
 
 def test_int8_model_stays_close_to_fp32(trained_model):
     """decode.quantize=int8: every Linear (output projection included) becomes int8, the fp32 model is untouched,
-    the log-probabilities stay near fp32's, and the search invariants hold for the int8 model too."""
+    the log-probabilities stay near fp32's, and every int8 search returns well-formed hypotheses scored near fp32's.
+
+    Token-for-token equalities (cached == uncached, greedy == beam 1) are not asserted for int8: activations get one
+    scale per call, those searches make different calls (a whole prefix vs one step; beam search drops finished
+    sentences from the batch, greedy does not), and which of two near-tied hypotheses wins then depends on the CPU's
+    int8 kernel (it flipped on an AVX2-only EPYC, not on an AVX-512 Xeon). Scores cannot flip that way: int8 moves
+    a log-probability by ~0.07 on average here, so a best score moves by a fraction of the 0.5 allowed."""
     from mt.model import quantize_int8
 
     q = quantize_int8(trained_model)
@@ -196,12 +202,19 @@ def test_int8_model_stays_close_to_fp32(trained_model):
         diff = (q(src, mask, tgt_in).log_softmax(-1) - trained_model(src, mask, tgt_in).log_softmax(-1)).abs()
     # d_model 32 is the worst case for per-tensor int8 (measured mean 0.067); wrong weights give differences of ~1-10.
     assert diff.mean() < 0.1
-    g = greedy_search(q, src, mask, DecodeConfig(beam_size=1))
-    b = beam_search(q, src, mask, DecodeConfig(beam_size=1))
-    assert [h[0].tokens for h in g] == [h[0].tokens for h in b]
     cfg = dict(beam_size=4, nbest=2, length_penalty=1.0)
-    cached = beam_search(q, src, mask, DecodeConfig(**cfg))
-    uncached = beam_search(q, src, mask, DecodeConfig(use_cache=False, **cfg))
-    # Activations get one int8 scale per call, so a step's rounding depends on what else is in that call; the
-    # 1-best survives here, the near-tied second-best does not (so only the 1-best is compared).
-    assert [hs[0].tokens for hs in uncached] == [hs[0].tokens for hs in cached]
+    reference = beam_search(trained_model, src, mask, DecodeConfig(**cfg))
+    cap = max_lengths(mask, DecodeConfig().max_len_a, DecodeConfig().max_len_b, 127)
+    for hyps in (
+        beam_search(q, src, mask, DecodeConfig(**cfg)),
+        beam_search(q, src, mask, DecodeConfig(use_cache=False, **cfg)),
+        greedy_search(q, src, mask, DecodeConfig(beam_size=1, length_penalty=1.0)),
+    ):
+        for i, (hs, ref) in enumerate(zip(hyps, reference)):
+            scores = [h.score for h in hs]
+            assert scores == sorted(scores, reverse=True) and all(math.isfinite(s) for s in scores)
+            assert all(len(h.tokens) < cap[i] and not {PAD, BOS, EOS} & set(h.tokens) for h in hs)
+            if len(hs) == 2:  # beam: two distinct hypotheses
+                assert hs[0].tokens != hs[1].tokens
+            # Measured on the EPYC: at most 0.14 between int8 and fp32 best scores (greedy can only be worse).
+            assert abs(hs[0].score - ref[0].score) < 0.5 or (len(hs) == 1 and hs[0].score < ref[0].score)
