@@ -31,8 +31,9 @@ sys.path.insert(0, str(ROOT))
 
 from mt.batching import BatchLoader  # noqa: E402
 from mt.config import register_configs, to_dataclass  # noqa: E402
+from mt.corpus import make_sampler, prepare_data  # noqa: E402
 from mt.model import Transformer  # noqa: E402
-from mt.training import keep_freed_memory_in_the_heap, make_sampler, prepare_data  # noqa: E402
+from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 
 
 def load(model: str, data_dir: Path):
@@ -87,12 +88,26 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"default": [], "tuned": []}
     for _ in range(args.rounds):
         for name in runs:
-            cmd = [sys.executable, __file__, "--child", name, "--data-dir", data_dir, "--model", args.model,
-                   "--max-tokens", str(args.max_tokens), "--steps", str(args.steps)]  # fmt: skip
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                name,
+                "--data-dir",
+                data_dir,
+                "--model",
+                args.model,
+                "--max-tokens",
+                str(args.max_tokens),
+                "--steps",
+                str(args.steps),
+            ]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
-    print(f"model {args.model}, batches of <= {args.max_tokens} padded tokens, {args.rounds} x {args.steps} timed "
-          f"steps per setting, torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"model {args.model}, batches of <= {args.max_tokens} padded tokens, {args.rounds} x {args.steps} timed "
+        f"steps per setting, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print(f"{'malloc':<34}{'target tokens/s median [min..max]':>36}{'kernel share of CPU':>22}{'vs default':>12}")
     base = statistics.median(r for run in runs["default"] for r in run["rates"])
     labels = {"default": "glibc defaults", "tuned": "keep_freed_memory_in_the_heap()"}
@@ -100,8 +115,9 @@ def main() -> None:
         rates = [r for run in children for r in run["rates"]]
         sys_share = sum(c["sys_s"] for c in children) / sum(c["sys_s"] + c["user_s"] for c in children)
         med = statistics.median(rates)
-        print(f"{labels[name]:<34}{med:>18.0f} [{min(rates):.0f}..{max(rates):.0f}]"
-              f"{sys_share:>21.1%}{med / base:>11.2f}x")  # fmt: skip
+        print(
+            f"{labels[name]:<34}{med:>18.0f} [{min(rates):.0f}..{max(rates):.0f}]{sys_share:>21.1%}{med / base:>11.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 from mt import data  # noqa: E402
 from mt.batching import BatchLoader, make_batches  # noqa: E402
 from mt.config import DataConfig, TokenizerConfig  # noqa: E402
+from mt.corpus import make_sampler  # noqa: E402
 from mt.tokenizer import build_vocabs, tokenize  # noqa: E402
-from mt.training import make_sampler  # noqa: E402
 
 
 def main() -> None:
@@ -67,10 +67,14 @@ def main() -> None:
     print(f"Multi30k {args.src}->{args.tgt} from {args.dir}")
     print(f"  train pairs read (before filtering): {n_raw:,}; after filters: {len(ds):,}")
     print(f"  load {t_load:.1f}s | BPE training ({len(vocabs.src)} types, joint) {t_bpe:.1f}s | tokenize {t_tok:.1f}s")
-    print(f"  padding efficiency at {args.max_tokens} tokens: {sampler.padding_efficiency():.3f} (bucketed), "
-          f"{rnd_eff:.3f} (same budget, random order)")  # fmt: skip
-    print(f"  one epoch of batches fetched from Arrow and collated: {n_batches} batches in {t_epoch:.2f}s "
-          f"({1000 * t_epoch / n_batches:.1f} ms per batch)")  # fmt: skip
+    print(
+        f"  padding efficiency at {args.max_tokens} tokens: {sampler.padding_efficiency():.3f} (bucketed), "
+        f"{rnd_eff:.3f} (same budget, random order)"
+    )
+    print(
+        f"  one epoch of batches fetched from Arrow and collated: {n_batches} batches in {t_epoch:.2f}s "
+        f"({1000 * t_epoch / n_batches:.1f} ms per batch)"
+    )
 
 
 if __name__ == "__main__":

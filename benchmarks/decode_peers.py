@@ -31,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.shapes import SHAPES, VOCAB  # noqa: E402
 from mt.config import DecodeConfig, ModelConfig  # noqa: E402
-from mt.model import Transformer, quantize_int8  # noqa: E402
+from mt.model import Transformer  # noqa: E402
+from mt.quantize import quantize_int8  # noqa: E402
+from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 from mt.search import search  # noqa: E402
-from mt.training import keep_freed_memory_in_the_heap  # noqa: E402
 
 V, STEPS, N_SENT = VOCAB, 30, 64
 
@@ -53,17 +54,28 @@ def build_hf(shape: dict, out: Path):
     shutil.copy(out / "spm.model", out / "target.spm")
     vocab = {"</s>": 0, "<unk>": 1, "<s>": 2, "<pad>": V - 1} | {f"w{i}": i for i in range(3, V - 1)}
     (out / "vocab.json").write_text(json.dumps(vocab))
-    cfg = MarianConfig(vocab_size=V, d_model=shape["d_model"], encoder_layers=shape["layers"],
-                       decoder_layers=shape["layers"], encoder_attention_heads=shape["n_heads"],
-                       decoder_attention_heads=shape["n_heads"], encoder_ffn_dim=shape["d_ff"],
-                       decoder_ffn_dim=shape["d_ff"], activation_function="relu", max_position_embeddings=512,
-                       pad_token_id=V - 1, eos_token_id=0, decoder_start_token_id=V - 1,
-                       forced_eos_token_id=None)  # fmt: skip
+    cfg = MarianConfig(
+        vocab_size=V,
+        d_model=shape["d_model"],
+        encoder_layers=shape["layers"],
+        decoder_layers=shape["layers"],
+        encoder_attention_heads=shape["n_heads"],
+        decoder_attention_heads=shape["n_heads"],
+        encoder_ffn_dim=shape["d_ff"],
+        decoder_ffn_dim=shape["d_ff"],
+        activation_function="relu",
+        max_position_embeddings=512,
+        pad_token_id=V - 1,
+        eos_token_id=0,
+        decoder_start_token_id=V - 1,
+        forced_eos_token_id=None,
+    )
     torch.manual_seed(0)
     model = MarianMTModel(cfg).eval()
     model.save_pretrained(out)
-    MarianTokenizer(source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"),
-                    vocab=str(out / "vocab.json")).save_pretrained(out)  # fmt: skip
+    MarianTokenizer(
+        source_spm=str(out / "source.spm"), target_spm=str(out / "target.spm"), vocab=str(out / "vocab.json")
+    ).save_pretrained(out)
     return model
 
 
@@ -86,13 +98,23 @@ def main() -> None:
     translators = {}
     for q in ("float32", "int8"):
         ctranslate2.converters.TransformersConverter(str(work / "hf")).convert(str(work / q), quantization=q)
-        translators[q] = ctranslate2.Translator(str(work / q), device="cpu", inter_threads=1,
-                                                intra_threads=torch.get_num_threads())  # fmt: skip
+        translators[q] = ctranslate2.Translator(
+            str(work / q), device="cpu", inter_threads=1, intra_threads=torch.get_num_threads()
+        )
     ours = Transformer(
-        ModelConfig(name="bench", d_model=shape["d_model"], n_heads=shape["n_heads"], d_ff=shape["d_ff"],
-                    encoder_layers=shape["layers"], decoder_layers=shape["layers"], norm="post", max_positions=512),
-        V, V,
-    ).eval()  # fmt: skip
+        ModelConfig(
+            name="bench",
+            d_model=shape["d_model"],
+            n_heads=shape["n_heads"],
+            d_ff=shape["d_ff"],
+            encoder_layers=shape["layers"],
+            decoder_layers=shape["layers"],
+            norm="post",
+            max_positions=512,
+        ),
+        V,
+        V,
+    ).eval()
     models = {"fp32": ours, "int8": quantize_int8(ours)}
 
     g = torch.Generator().manual_seed(1)
@@ -116,13 +138,21 @@ def main() -> None:
 
     def run_hf(k: int):
         with torch.inference_mode():
-            out = hf.generate(input_ids=hf_src, attention_mask=hf_src.ne(V - 1).long(), num_beams=k, do_sample=False,
-                              max_new_tokens=STEPS, min_new_tokens=STEPS, early_stopping=False)  # fmt: skip
+            out = hf.generate(
+                input_ids=hf_src,
+                attention_mask=hf_src.ne(V - 1).long(),
+                num_beams=k,
+                do_sample=False,
+                max_new_tokens=STEPS,
+                min_new_tokens=STEPS,
+                early_stopping=False,
+            )
         assert out.shape[1] == STEPS + 1  # + the decoder start token
 
     def run_ct2(q: str, k: int):
-        out = translators[q].translate_batch(ct2_src, beam_size=k, max_batch_size=N_SENT, max_decoding_length=STEPS,
-                                             min_decoding_length=STEPS)  # fmt: skip
+        out = translators[q].translate_batch(
+            ct2_src, beam_size=k, max_batch_size=N_SENT, max_decoding_length=STEPS, min_decoding_length=STEPS
+        )
         assert all(len(r.hypotheses[0]) == STEPS for r in out)
 
     systems = {}
@@ -140,20 +170,26 @@ def main() -> None:
             t = time.perf_counter()
             fn()
             times[key].append(time.perf_counter() - t)
-    print(f"shape {args.shape} {shape}, vocab {V}, {N_SENT} sentences (source 15-25 tokens), {STEPS} forced "
-          f"decoder steps, batch {N_SENT}, {args.repeats} repeats, {torch.get_num_threads()} threads, "
-          f"ctranslate2 {ctranslate2.__version__}")  # fmt: skip
+    print(
+        f"shape {args.shape} {shape}, vocab {V}, {N_SENT} sentences (source 15-25 tokens), {STEPS} forced "
+        f"decoder steps, batch {N_SENT}, {args.repeats} repeats, {torch.get_num_threads()} threads, "
+        f"ctranslate2 {ctranslate2.__version__}"
+    )
     for search_name in ("beam 5", "greedy"):
-        print(f"\n{search_name}: {'system':<22}{'sentences/s median [min..max]':>34}{'ours fp32 vs it':>18}"
-              f"{'ours int8 vs it':>18}")  # fmt: skip
+        print(
+            f"\n{search_name}: {'system':<22}{'sentences/s median [min..max]':>34}{'ours fp32 vs it':>18}"
+            f"{'ours int8 vs it':>18}"
+        )
         ours = {d: statistics.median(N_SENT / t for t in times[(search_name, f"this project {d}")]) for d in models}
         for (s, name), ts in times.items():
             if s != search_name:
                 continue
             rates = [N_SENT / t for t in ts]
             med = statistics.median(rates)
-            print(f"{'':8}{name:<22}{med:>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
-                  f"{ours['fp32'] / med:>17.2f}x{ours['int8'] / med:>17.2f}x")  # fmt: skip
+            print(
+                f"{'':8}{name:<22}{med:>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
+                f"{ours['fp32'] / med:>17.2f}x{ours['int8'] / med:>17.2f}x"
+            )
     if args.profile:
         for (search_name, name), fn in systems.items():
             if name.startswith("this project"):

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from mt import checkpoint, data  # noqa: E402
 from mt.config import DecodeConfig  # noqa: E402
 from mt.evaluation import score, translate_ids  # noqa: E402
-from mt.training import keep_freed_memory_in_the_heap  # noqa: E402
+from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 
 
 def main() -> None:
@@ -45,8 +45,9 @@ def main() -> None:
     configs = {}
     for name, k in (("greedy", 1), ("beam 5", 5)):
         for variant, cache, quantize in (("cached", True, "none"), ("uncached", False, "none"), ("int8", True, "int8")):
-            configs[f"{name} {variant}"] = DecodeConfig(beam_size=k, use_cache=cache, length_penalty=1.0,
-                                                        quantize=quantize)  # fmt: skip
+            configs[f"{name} {variant}"] = DecodeConfig(
+                beam_size=k, use_cache=cache, length_penalty=1.0, quantize=quantize
+            )
     times: dict[str, list[float]] = {k: [] for k in configs}
     outputs: dict[str, list] = {}
     for _ in range(args.repeats):
@@ -56,15 +57,19 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
             outputs[name] = [h[0].tokens for h in hyps]
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"{args.checkpoint}: {model.cfg.name} ({n_params / 1e6:.1f}M parameters), {len(lines)} sentences of "
-          f"{Path(args.input).name}, {torch.get_num_threads()} threads, {args.repeats} repeats")  # fmt: skip
+    print(
+        f"{args.checkpoint}: {model.cfg.name} ({n_params / 1e6:.1f}M parameters), {len(lines)} sentences of "
+        f"{Path(args.input).name}, {torch.get_num_threads()} threads, {args.repeats} repeats"
+    )
     print(f"{'search':<20}{'sentences/s median [min..max]':>34}{'vs uncached':>13}{'vs fp32 cached':>16}")
     for name in configs:
         rates = [len(lines) / t for t in times[name]]
         k = name.rsplit(" ", 1)[0]
         vs = [statistics.median(times[f"{k} {ref}"]) / statistics.median(times[name]) for ref in ("uncached", "cached")]
-        print(f"{name:<20}{statistics.median(rates):>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
-              f"{vs[0]:>12.2f}x{vs[1]:>15.2f}x")  # fmt: skip
+        print(
+            f"{name:<20}{statistics.median(rates):>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
+            f"{vs[0]:>12.2f}x{vs[1]:>15.2f}x"
+        )
     refs = list(data.read_lines(Path(args.references)))[: args.limit] if args.references else None
     for k in ("greedy", "beam 5"):
         same = outputs[f"{k} cached"] == outputs[f"{k} uncached"]

@@ -2,8 +2,9 @@
 
     python benchmarks/loss.py [--tokens 2400] [--dim 128] [--vocab 8000] [--repeats 20] [--chunks 64,256,1024]
 
-1. Label-smoothed cross-entropy from logits: `mt.loss.label_smoothed_loss` (closed-form backward) vs the same
-   formula left to autograd (log-softmax, gather, mean over the vocabulary, masked sum), which is what the
+1. Label-smoothed cross-entropy from logits: `label_smoothed_loss` (benchmarks/reference_loss.py, closed-form
+   backward) vs the same formula left to autograd (log-softmax, gather, mean over the vocabulary, masked sum), which
+   is what the
    trainer ran before. Random fp32 logits (N tokens, V types).
 2. Output projection + that loss: projecting the decoder states to logits, then `label_smoothed_loss` (what the
    trainer did before) vs `mt.loss.projected_label_smoothed_loss`, which does both a chunk of rows at a time,
@@ -28,7 +29,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mt.loss import label_smoothed_loss, projected_label_smoothed_loss  # noqa: E402
+from benchmarks.reference_loss import label_smoothed_loss  # noqa: E402
+from mt.loss import projected_label_smoothed_loss  # noqa: E402
 from mt.tokenizer import PAD  # noqa: E402
 
 
@@ -71,8 +73,10 @@ def main() -> None:
     torch.manual_seed(0)
     n, d, v = args.tokens, args.dim, args.vocab
     target = torch.randint(4, v, (n,))
-    print(f"N {n} tokens, D {d}, V {v}, fp32, {args.repeats} timed calls each, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"N {n} tokens, D {d}, V {v}, fp32, {args.repeats} timed calls each, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
 
     compare(
         f"1. label-smoothed loss on logits ({n}, {v})",

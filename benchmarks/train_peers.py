@@ -6,15 +6,15 @@
     python benchmarks/train_peers.py --shape small --dtypes fp32 --compile   # adds this project under torch.compile
     python benchmarks/train_peers.py --shape base --dtypes fp32 --profile    # then where a step's time goes
 
-One step = forward + label-smoothed cross-entropy + backward + Adam. The peers project every position to logits
-and take `mt.loss.label_smoothed_loss`; this project runs its trainer's `TrainingLoss` (non-padding targets
-only, output projection fused with the same loss, `mt.loss`), which gives the same loss and gradients. On
-random batches of ~4,000 target tokens with lengths 10-30 and an 8,000-type tied vocabulary. All systems have the
-same shape (post-norm, ReLU, dropout 0.1, three-way tied embeddings), see the same batches and are interleaved
-step by step in one process, so machine noise hits all alike. Prints target tokens/s median [min..max], ratios
-to each peer, and model FLOP/s as a share of the measured matmul peak of the same dtype. `--profile` then
-profiles two steps of this project and of HF Marian (torch.profiler, top operators by self CPU time, and the
-share spent in matmuls, which bounds what any implementation can gain at a given matmul speed).
+One step = forward + label-smoothed cross-entropy + backward + Adam. The peers project every position to logits and
+take `label_smoothed_loss` (benchmarks/reference_loss.py); this project runs its trainer's `TrainingLoss` (non-
+padding targets only, output projection fused with the same loss, `mt.loss`), which gives the same loss and
+gradients. On random batches of ~4,000 target tokens with lengths 10-30 and an 8,000-type tied vocabulary. All
+systems have the same shape (post-norm, ReLU, dropout 0.1, three-way tied embeddings), see the same batches and are
+interleaved step by step in one process, so machine noise hits all alike. Prints target tokens/s median [min..max],
+ratios to each peer, and model FLOP/s as a share of the measured matmul peak of the same dtype. `--profile` then
+profiles two steps of this project and of HF Marian (torch.profiler, top operators by self CPU time, and the share
+spent in matmuls, which bounds what any implementation can gain at a given matmul speed).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.reference_loss import label_smoothed_loss  # noqa: E402
 from benchmarks.shapes import SHAPES, VOCAB  # noqa: E402
 from mt.config import ModelConfig  # noqa: E402
-from mt.loss import label_smoothed_loss  # noqa: E402
 from mt.model import Transformer, sinusoidal_positions  # noqa: E402
 from mt.training import TrainingLoss  # noqa: E402
 
@@ -57,20 +57,41 @@ class TorchTransformer(nn.Module):
 
     def forward(self, src, src_pad, tgt_in):
         mask = nn.Transformer.generate_square_subsequent_mask(tgt_in.size(1), dtype=torch.bool)
-        h = self.core(self.emb(src), self.emb(tgt_in), tgt_mask=mask, src_key_padding_mask=src_pad,
-                      memory_key_padding_mask=src_pad, tgt_is_causal=True)  # fmt: skip
+        h = self.core(
+            self.emb(src),
+            self.emb(tgt_in),
+            tgt_mask=mask,
+            src_key_padding_mask=src_pad,
+            memory_key_padding_mask=src_pad,
+            tgt_is_causal=True,
+        )
         return h @ self.embed.weight.t()
 
 
 def marian(d_model: int, n_heads: int, d_ff: int, layers: int) -> nn.Module:
     from transformers import MarianConfig, MarianMTModel
 
-    cfg = MarianConfig(vocab_size=V, d_model=d_model, encoder_layers=layers, decoder_layers=layers,
-                       encoder_attention_heads=n_heads, decoder_attention_heads=n_heads, encoder_ffn_dim=d_ff,
-                       decoder_ffn_dim=d_ff, activation_function="relu", dropout=0.1, attention_dropout=0.0,
-                       activation_dropout=0.0, max_position_embeddings=512, pad_token_id=PAD, eos_token_id=3,
-                       decoder_start_token_id=BOS, scale_embedding=True, share_encoder_decoder_embeddings=True,
-                       tie_word_embeddings=True)  # fmt: skip
+    cfg = MarianConfig(
+        vocab_size=V,
+        d_model=d_model,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=n_heads,
+        decoder_attention_heads=n_heads,
+        encoder_ffn_dim=d_ff,
+        decoder_ffn_dim=d_ff,
+        activation_function="relu",
+        dropout=0.1,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        max_position_embeddings=512,
+        pad_token_id=PAD,
+        eos_token_id=3,
+        decoder_start_token_id=BOS,
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True,
+    )
     model = MarianMTModel(cfg)
 
     class Wrapped(nn.Module):
@@ -85,8 +106,17 @@ def marian(d_model: int, n_heads: int, d_ff: int, layers: int) -> nn.Module:
 
 
 def ours(d_model: int, n_heads: int, d_ff: int, layers: int) -> nn.Module:
-    cfg = ModelConfig(name="bench", d_model=d_model, n_heads=n_heads, d_ff=d_ff, encoder_layers=layers,
-                      decoder_layers=layers, dropout=0.1, norm="post", max_positions=512)  # fmt: skip
+    cfg = ModelConfig(
+        name="bench",
+        d_model=d_model,
+        n_heads=n_heads,
+        d_ff=d_ff,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        dropout=0.1,
+        norm="post",
+        max_positions=512,
+    )
     return Transformer(cfg, V, V)
 
 
@@ -172,9 +202,11 @@ def main() -> None:
     # Model FLOPs per target token: 6 x parameters touched (forward 2, backward 4); source ~ target length.
     flops_per_token = 6 * n_params
     peaks = {d: matmul_peak(torch.float32 if d == "fp32" else torch.bfloat16) for d in args.dtypes.split(",")}
-    print(f"shape {args.shape} {shape}, vocab {V} tied, {n_params / 1e6:.1f}M parameters, batches of ~{args.tokens} "
-          f"target tokens (lengths 10-30), {args.steps} timed steps, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"shape {args.shape} {shape}, vocab {V} tied, {n_params / 1e6:.1f}M parameters, batches of ~{args.tokens} "
+        f"target tokens (lengths 10-30), {args.steps} timed steps, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
     print("matmul peak (2048^3): " + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items()))
     header = f"{'system':<22}{'dtype':<6}{'target tok/s median [min..max]':>34}{'% of peak':>11}"
     peers = [n for n in builders if not n.startswith("this project")]

@@ -27,12 +27,12 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.reference_loss import label_smoothed_loss  # noqa: E402
 from mt.batching import BatchLoader  # noqa: E402
 from mt.config import register_configs, to_dataclass  # noqa: E402
-from mt.loss import label_smoothed_loss  # noqa: E402
+from mt.corpus import make_sampler, prepare_data  # noqa: E402
 from mt.model import Transformer  # noqa: E402
 from mt.tokenizer import PAD  # noqa: E402
-from mt.training import make_sampler, prepare_data  # noqa: E402
 
 
 def main() -> None:
@@ -53,8 +53,11 @@ def main() -> None:
     batches = batches[: args.steps + args.warmup]
 
     systems = {}
-    for name, dtype, fused in (("fp32", None, True), ("fp32, logits then loss", None, False),
-                               ("bf16 autocast", torch.bfloat16, True)):  # fmt: skip
+    for name, dtype, fused in (
+        ("fp32", None, True),
+        ("fp32, logits then loss", None, False),
+        ("bf16 autocast", torch.bfloat16, True),
+    ):
         torch.manual_seed(0)
         model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt))
         opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
@@ -81,8 +84,10 @@ def main() -> None:
             if i >= args.warmup:
                 rates[name].append(b.n_tgt_tokens / (time.perf_counter() - t))
     n_params = sum(p.numel() for p in systems["fp32"][0].parameters())
-    print(f"model {args.model} ({n_params / 1e6:.1f}M parameters), batches of <= {args.max_tokens} padded tokens, "
-          f"{args.steps} timed steps, torch {torch.__version__}, {torch.get_num_threads()} threads")  # fmt: skip
+    print(
+        f"model {args.model} ({n_params / 1e6:.1f}M parameters), batches of <= {args.max_tokens} padded tokens, "
+        f"{args.steps} timed steps, torch {torch.__version__}, {torch.get_num_threads()} threads"
+    )
     print(f"{'system':<24}{'target tokens/s median [min..max]':>36}{'vs fp32':>10}")
     base = statistics.median(rates["fp32"])
     for name, r in rates.items():

@@ -150,9 +150,14 @@ class Batch:
     def to(self, device: torch.device) -> Batch:
         move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
         return Batch(
-            move(self.src), move(self.tgt_in), move(self.tgt_out), move(self.src_pad_mask),
-            self.n_src_tokens, self.n_tgt_tokens, self.ids,
-        )  # fmt: skip
+            move(self.src),
+            move(self.tgt_in),
+            move(self.tgt_out),
+            move(self.src_pad_mask),
+            self.n_src_tokens,
+            self.n_tgt_tokens,
+            self.ids,
+        )
 
 
 def pad(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:

@@ -51,6 +51,43 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+RESUMABLE = ("optimizer", "scheduler", "scaler", "sampler")  # objects with state_dict() / load_state_dict()
+
+
+def training_state(model: Transformer, vocabs: Vocabs, config: dict, progress: dict, resumable: dict | None) -> dict:
+    """A checkpoint's contents: the model and what describes it, the run's `progress` counters, and for resuming
+    (`resumable`: the RESUMABLE objects by name) their states and every RNG's."""
+    state = {
+        "format": FORMAT_VERSION,
+        "model_args": model.config_dict(),
+        "model": model.state_dict(),
+        "tokenizer": vocabs.to_json(),
+        "tokenizer_digest": [vocabs.src.digest(), vocabs.tgt.digest()],
+        "config": config,
+        **progress,
+    }
+    if resumable is not None:
+        state.update({name: obj.state_dict() for name, obj in resumable.items()}, rng=rng_state())
+    return state
+
+
+def restore_training(path: Path, model: Transformer, resumable: dict) -> dict:
+    """Load a resumable checkpoint into `model` and the RESUMABLE objects, restore the RNGs; returns the
+    checkpoint (its progress counters)."""
+    ckpt = load(path)
+    if ckpt["model_args"] != model.config_dict():
+        raise CheckpointError(
+            f"{path}: was trained with a different model or vocabulary; use a new run_dir or train.resume=never"
+        )
+    if "optimizer" not in ckpt:
+        raise CheckpointError(f"{path}: holds weights only (no optimizer state); it cannot be resumed")
+    model.load_state_dict(ckpt["model"])
+    for name, obj in resumable.items():
+        obj.load_state_dict(ckpt[name])
+    set_rng_state(ckpt["rng"])
+    return ckpt
+
+
 def load(path: str | Path) -> dict:
     """Load a checkpoint file (or a run dir's final, else best, else last checkpoint) onto the CPU."""
     path = Path(path)
@@ -121,7 +158,7 @@ def average(paths: list[Path]) -> dict:
         k: (v / len(paths)).to(base["model"][k].dtype) if v.is_floating_point() else v for k, v in total.items()
     }
     base["averaged_from"] = [str(p) for p in paths]
-    for key in ("optimizer", "scheduler", "scaler", "rng", "sampler"):
+    for key in (*RESUMABLE, "rng"):
         base.pop(key, None)
     base.pop("path", None)
     return base

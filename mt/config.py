@@ -112,6 +112,8 @@ class TrainConfig:
     max_nan_updates: int = 5
     log_every: int = 50
     progress: bool = True
+    # Also write metrics.jsonl's scalars to RUN_DIR/tb/ for TensorBoard; null = when the package is installed.
+    tensorboard: bool | None = None
 
 
 @dataclass
@@ -194,18 +196,23 @@ def validate(cfg: Config) -> None:
             "or model.tie_embeddings=decoder"
         )
     if cfg.train.schedule == "linear" and not (cfg.train.max_updates or cfg.train.max_time):
-        raise ConfigError("train.schedule=linear decays the lr to 0 over the run's budget; "
-                          "set train.max_updates or train.max_time")  # fmt: skip
+        raise ConfigError(
+            "train.schedule=linear decays the lr to 0 over the run's budget; set train.max_updates or train.max_time"
+        )
     if not 0.0 <= cfg.train.bpe_dropout < 1.0:
         raise ConfigError(f"train.bpe_dropout={cfg.train.bpe_dropout} is a probability; use a value in [0, 1)")
     if not 0.0 <= cfg.train.cooldown <= 1.0:
         raise ConfigError(f"train.cooldown={cfg.train.cooldown} is a fraction of the budget; use a value in [0, 1]")
     if cfg.train.cooldown and not (cfg.train.max_updates or cfg.train.max_time):
-        raise ConfigError(f"train.cooldown={cfg.train.cooldown} anneals the lr over the end of the run's budget; "
-                          "set train.max_updates or train.max_time (or train.cooldown=0)")  # fmt: skip
+        raise ConfigError(
+            f"train.cooldown={cfg.train.cooldown} anneals the lr over the end of the run's budget; "
+            "set train.max_updates or train.max_time (or train.cooldown=0)"
+        )
     if cfg.train.schedule != "constant" and cfg.train.warmup < 1:
-        raise ConfigError(f"train.warmup={cfg.train.warmup}: the {cfg.train.schedule} schedule needs warmup >= 1 "
-                          "update (or train.schedule=constant)")  # fmt: skip
+        raise ConfigError(
+            f"train.warmup={cfg.train.warmup}: the {cfg.train.schedule} schedule needs warmup >= 1 "
+            "update (or train.schedule=constant)"
+        )
     if cfg.train.accumulate < 1:
         raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
     validate_decode(cfg.decode)

@@ -254,8 +254,14 @@ def filter_lengths(ds: datasets.Dataset, max_len: int, max_ratio: float, where: 
     n2 = len(ds)
     log.info(
         "%s: %d pairs; removed %d longer than %d tokens, %d with length ratio > %g; %d left",
-        where, n0, n0 - n1, max_len, n1 - n2, max_ratio, n2,
-    )  # fmt: skip
+        where,
+        n0,
+        n0 - n1,
+        max_len,
+        n1 - n2,
+        max_ratio,
+        n2,
+    )
     if n2 == 0:
         raise DataError(
             f"{where}: no pairs left after filtering (max_len={max_len}, max_ratio={max_ratio}); "

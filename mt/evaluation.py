@@ -16,9 +16,9 @@ import torch
 
 from mt.batching import collate
 from mt.config import ConfigError, DecodeConfig
-from mt.model import quantize_int8
+from mt.quantize import quantize_int8
 from mt.search import Hypothesis, search
-from mt.tokenizer import BOS, EOS, Vocabs
+from mt.tokenizer import Vocabs
 
 
 @dataclass
@@ -152,38 +152,3 @@ def report_markdown(r: dict) -> str:
                 f"  REF: {ex['reference']}",
             ]
     return "\n".join(lines) + "\n"
-
-
-def cross_attention(model, vocabs: Vocabs, src_ids: list[int], out_ids: list[int], layer: int) -> torch.Tensor:
-    """Cross-attention of the output tokens (with </s>) over the source tokens (with </s>), mean over heads:
-    a (T, S) matrix, teacher-forced through the chosen decoder layer."""
-    device = next(model.parameters()).device
-    attn = model.decoder[layer].cross_attn
-    src = torch.tensor([src_ids + [EOS]], device=device)
-    tgt_in = torch.tensor([[BOS] + out_ids], device=device)
-    attn.keep_weights = True
-    try:
-        with torch.no_grad():
-            model.eval()
-            model(src, src.eq(-1), tgt_in)
-        return attn.weights[0].float().mean(0).cpu()  # (T, S)
-    finally:
-        attn.keep_weights, attn.weights = False, None
-
-
-def plot_attention(matrix: torch.Tensor, src_tokens: list[str], out_tokens: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    T, S = matrix.shape
-    fig, ax = plt.subplots(figsize=(max(4, 0.4 * S + 2), max(3, 0.4 * T + 1.5)))
-    ax.imshow(matrix.numpy(), cmap="viridis", aspect="auto")
-    ax.set_xticks(range(S), src_tokens, rotation=90)
-    ax.set_yticks(range(T), out_tokens)
-    ax.set_xlabel("source")
-    ax.set_ylabel("output")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -4,21 +4,25 @@ Shape legend: B batch, S source length, T target length (t: new target positions
 D d_model, H heads, Dh = D / H, F d_ff, V vocabulary.
 
 The interface used by training and search is narrow: `encode(src, src_pad_mask) -> memory` and
-`decode(tgt_in, memory, src_pad_mask, cache=None) -> logits`. Masks are boolean and True at padding.
+`decode(tgt_in, memory, src_pad_mask, cache=None) -> logits`. Masks: a `pad_mask` is True at padding (what the
+batches carry); inside attention an `allow` mask is True where a query may attend. Speed paths live elsewhere,
+behind the same interface: the CPU dropout kernel (mt/dropout.py), the decoding cache (mt/cache.py), few-query and
+beam-shared attention (mt/fast_attention.py), int8 weights (mt/quantize.py).
 """
 
 from __future__ import annotations
 
-import copy
 import math
-import warnings
 from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mt import fast_attention
+from mt.cache import DecoderCache, append_kv
 from mt.config import ModelConfig
+from mt.dropout import Dropout
 from mt.loss import projected_label_smoothed_loss
 from mt.tokenizer import PAD
 
@@ -31,25 +35,6 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
     pe[:, 0::2] = torch.sin(pos * inv_freq)
     pe[:, 1::2] = torch.cos(pos * inv_freq[: d_model // 2])
     return pe.float()
-
-
-class Dropout(nn.Dropout):
-    """nn.Dropout with a cheaper mask on the CPU.
-
-    torch's CPU `bernoulli_` draws one random number per element and took 12-14% of a training step here
-    (profiled on the small model); eight random bits per element, cut from 64-bit draws, are ~6x cheaper. The
-    drop probability is then rounded to a multiple of 1/256 (0.3 -> 0.3008). Same global RNG, so resuming stays
-    exact. Elsewhere (CUDA) the standard kernel is already fast and is used as is.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0 or x.device.type != "cpu":
-            return super().forward(x)
-        threshold = round(self.p * 256)
-        n_words = -(-x.numel() // 8)
-        bits = torch.empty(n_words, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-        drop = bits.view(torch.uint8)[: x.numel()].view(x.shape) < threshold
-        return x.masked_fill(drop, 0.0) * (256 / (256 - threshold))
 
 
 class Embedding(nn.Module):
@@ -74,13 +59,13 @@ class Embedding(nn.Module):
         return self.dropout(x)
 
 
-def attend_mask(src_pad_mask: Tensor) -> Tensor:
-    """(B, S) True-at-padding -> (B, 1, 1, S) True where attention is allowed, broadcast over heads and queries."""
-    return ~src_pad_mask[:, None, None, :]
+def allow_mask(pad_mask: Tensor) -> Tensor:
+    """(B, S) True at padding -> (B, 1, 1, S) True where attention may go, broadcast over heads and queries."""
+    return ~pad_mask[:, None, None, :]
 
 
 def causal_mask(T: int, S: int, device: torch.device | None = None) -> Tensor:
-    """(T, S) True where query i may attend to key j: j <= i + S - T (3.2.3: no look-ahead). The last T of S
+    """(T, S) allow mask: True where query i may attend to key j: j <= i + S - T (3.2.3: no look-ahead). The last T of S
     positions are the queries; S > T when earlier positions come from a decoding cache."""
     return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)
 
@@ -115,40 +100,34 @@ class Attention(nn.Module):
         B, H, T, Dh = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, T, H * Dh))  # (B, T, D)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool) -> Tensor:
-        """q (B, H, T, Dh), k/v (B, H, S, Dh), mask broadcastable to (B, H, T, S), True = may attend.
-        Returns the per-head outputs (B, H, T, Dh)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, allow: Tensor | None, causal: bool) -> Tensor:
+        """3.2.1: softmax(q k^T / sqrt(Dh)) v per head. q (B, H, T, Dh), k/v (B, H, S, Dh), `allow` broadcastable
+        to (B, H, T, S). Returns the per-head outputs (B, H, T, Dh)."""
         p = self.dropout if self.training else 0.0
-        if q.size(2) <= 16 and not causal and not self.training and not self.keep_weights:
-            # A few queries per sentence (a decoding step): two small batched matmuls. The CPU SDPA kernel costs
-            # ~10x more here (profiled: 17% of beam search time), being tuned for long query blocks.
-            scores = (q @ k.transpose(-2, -1)) * self.d_head**-0.5  # (B, H, T, S)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            return scores.softmax(-1) @ v
-        if self.keep_weights:
+        if self.keep_weights:  # the probabilities themselves are wanted (attention plots)
             scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, H, T, S)
             if causal:
                 scores = scores.masked_fill(~causal_mask(q.size(2), k.size(2), q.device), float("-inf"))
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
+            if allow is not None:
+                scores = scores.masked_fill(~allow, float("-inf"))
             self.weights = scores.softmax(-1)
             return F.dropout(self.weights, p, self.training) @ v
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        if q.size(2) <= fast_attention.FEW_QUERIES and not causal and not self.training:
+            return fast_attention.few_queries(q, k, v, allow)  # a decoding step
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allow, dropout_p=p, is_causal=causal)
 
-    def forward_self(self, x: Tensor, mask: Tensor | None, causal: bool, cache: dict | None = None) -> Tensor:
+    def forward_self(self, x: Tensor, allow: Tensor | None, causal: bool, cache: dict | None = None) -> Tensor:
         q, k, v = (self.split_heads(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
         if cache is not None:  # incremental decoding: this step's keys/values after the earlier ones
             k, v = append_kv(cache, k, v)
             # One new position may attend to everything cached; several new ones need the offset causal mask.
             causal = causal and q.size(2) > 1
             if causal and k.size(2) != q.size(2):
-                mask, causal = causal_mask(q.size(2), k.size(2), x.device), False
-        return self.merge_heads(self.attend(q, k, v, mask, causal))
+                allow, causal = causal_mask(q.size(2), k.size(2), x.device), False
+        return self.merge_heads(self.attend(q, k, v, allow, causal))
 
-    def forward_cross(self, x: Tensor, memory: Tensor, mask: Tensor, cache: dict | None = None) -> Tensor:
-        """x (N, T, D) decoder states, memory (B, S, D) with N a multiple of B: in beam search the N = B*K rows
-        are K beams per sentence (sentence-major), and all K read one copy of their sentence's encoder output."""
+    def forward_cross(self, x: Tensor, memory: Tensor, allow: Tensor, cache: dict | None = None) -> Tensor:
+        """x (N, T, D) decoder states, memory (B, S, D) with N a multiple of B (beam search: K beams per sentence)."""
         if cache is not None and "mem_k" in cache:
             k, v = cache["mem_k"], cache["mem_v"]
         else:
@@ -156,16 +135,9 @@ class Attention(nn.Module):
             if cache is not None:
                 cache["mem_k"], cache["mem_v"] = k, v
         q = self.split_heads(self.q_proj(x))  # (N, H, T, Dh)
-        N, H, T, Dh = q.shape
-        B = k.size(0)
-        if N == B:
-            return self.merge_heads(self.attend(q, k, v, mask, causal=False))
-        # The K beams' queries of a sentence become K*T queries against its keys: one (K*T x S) product per
-        # sentence and head instead of K, and the encoder keys/values are stored and read once, not K times.
-        K = N // B
-        q = q.view(B, K, H, T, Dh).transpose(1, 2).reshape(B, H, K * T, Dh)
-        out = self.attend(q, k, v, mask, causal=False).view(B, H, K, T, Dh).transpose(1, 2)  # (B, K, H, T, Dh)
-        return self.merge_heads(out.reshape(N, H, T, Dh))
+        if q.size(0) == k.size(0):
+            return self.merge_heads(self.attend(q, k, v, allow, causal=False))
+        return self.merge_heads(fast_attention.shared_memory_cross_attention(q, k, v, allow, self.attend))
 
 
 class FeedForward(nn.Module):
@@ -201,8 +173,8 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.sub_attn, self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, pre), Sublayer(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, x: Tensor, attend: Tensor) -> Tensor:
-        x = self.sub_attn(x, lambda h: self.self_attn.forward_self(h, attend, causal=False))
+    def forward(self, x: Tensor, allow: Tensor) -> Tensor:
+        x = self.sub_attn(x, lambda h: self.self_attn.forward_self(h, allow, causal=False))
         return self.sub_ffn(x, self.ffn)
 
 
@@ -215,58 +187,10 @@ class DecoderLayer(nn.Module):
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.sub_self, self.sub_cross, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre) for _ in range(3))
 
-    def forward(self, x: Tensor, memory: Tensor, attend: Tensor, cache: dict | None) -> Tensor:
+    def forward(self, x: Tensor, memory: Tensor, allow: Tensor, cache: dict | None) -> Tensor:
         x = self.sub_self(x, lambda h: self.self_attn.forward_self(h, None, causal=True, cache=cache))
-        x = self.sub_cross(x, lambda h: self.cross_attn.forward_cross(h, memory, attend, cache))
+        x = self.sub_cross(x, lambda h: self.cross_attn.forward_cross(h, memory, allow, cache))
         return self.sub_ffn(x, self.ffn)
-
-
-def append_kv(cache: dict, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-    """Write a step's self-attention keys/values (N, H, t, Dh) after the cached ones and return all of them, as
-    views of the cache's buffers (N, H, capacity, Dh). The buffers double when full, so a step writes its t
-    positions instead of copying the whole history (as torch.cat would, in every layer at every step)."""
-    n = cache.get("n", 0)
-    end = n + k.size(2)
-    if "k" not in cache or end > cache["k"].size(2):
-        for name, new in (("k", k), ("v", v)):
-            buf = new.new_empty(new.size(0), new.size(1), max(16, 2 * end), new.size(3))
-            if name in cache:
-                buf[:, :, :n] = cache[name][:, :, :n]
-            cache[name] = buf
-            cache.pop(name + "_spare", None)  # DecoderCache.reorder's second buffer, now the wrong size
-    cache["k"][:, :, n:end] = k
-    cache["v"][:, :, n:end] = v
-    cache["n"] = end
-    return cache["k"][:, :, :end], cache["v"][:, :, :end]
-
-
-class DecoderCache:
-    """Per decoder layer: self-attention keys/values of the positions so far (one row per decoder row; see
-    `append_kv`), and the cross-attention keys/values of the encoder output (one row per encoder row; computed
-    on the first step)."""
-
-    def __init__(self, n_layers: int):
-        self.layers: list[dict] = [{} for _ in range(n_layers)]
-        self.length = 0  # target positions already in the cache
-
-    def reorder(self, index: Tensor, memory_index: Tensor | None = None) -> None:
-        """Select decoder rows `index` (beam search keeps the surviving hypotheses' histories) and, if given,
-        encoder rows `memory_index` (sentences leaving the batch). When decoder and encoder rows are the same
-        batch (one row per sentence), pass the same index twice."""
-        for layer in self.layers:
-            n = layer.get("n", 0)
-            for key in ("k", "v") if n else ():
-                # Only the filled positions, into a second buffer of the same capacity kept from the previous
-                # reorder (a fresh one each step costs page faults), then the two swap roles.
-                t, spare = layer[key], layer.get(key + "_spare")
-                shape = (index.numel(),) + t.shape[1:]
-                if spare is None or spare.shape != shape:
-                    spare = t.new_empty(shape)
-                torch.index_select(t[:, :, :n], 0, index, out=spare[:, :, :n])
-                layer[key], layer[key + "_spare"] = spare, t
-            if memory_index is not None and "mem_k" in layer:
-                layer["mem_k"] = layer["mem_k"].index_select(0, memory_index)
-                layer["mem_v"] = layer["mem_v"].index_select(0, memory_index)
 
 
 class Transformer(nn.Module):
@@ -308,9 +232,9 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Tensor:
         """src (B, S) ids -> memory (B, S, D)."""
-        x, attend = self.src_embed(src), attend_mask(src_pad_mask)
+        x, allow = self.src_embed(src), allow_mask(src_pad_mask)
         for layer in self.encoder:
-            x = layer(x, attend)
+            x = layer(x, allow)
         return self.encoder_norm(x)
 
     def decode(
@@ -336,9 +260,9 @@ class Transformer(nn.Module):
     ) -> Tensor:
         """`decode` up to the output projection: the final decoder states (N, T, D), or (n_wanted, D)."""
         offset = cache.length if cache is not None else 0
-        x, attend = self.tgt_embed(tgt_in, offset), attend_mask(src_pad_mask)
+        x, allow = self.tgt_embed(tgt_in, offset), allow_mask(src_pad_mask)
         for i, layer in enumerate(self.decoder):
-            x = layer(x, memory, attend, cache.layers[i] if cache is not None else None)
+            x = layer(x, memory, allow, cache.layers[i] if cache is not None else None)
         if cache is not None:
             cache.length += tgt_in.size(1)
         if wanted is not None:
@@ -369,18 +293,3 @@ class Transformer(nn.Module):
     @classmethod
     def from_config_dict(cls, d: dict) -> Transformer:
         return cls(ModelConfig(**d["model"]), d["src_vocab"], d["tgt_vocab"])
-
-
-def quantize_int8(model: Transformer) -> Transformer:
-    """A copy of `model` for CPU decoding with int8 weights in every nn.Linear, the output projection included.
-
-    Dynamic quantization (weights int8 per tensor, activations quantized per call, int32 accumulation, fbgemm
-    kernels using AVX-512 VNNI where present). Embeddings, LayerNorms and attention scores stay fp32. The tied output
-    projection gets its own int8 copy; the embeddings keep the fp32 matrix. CPU only.
-    """
-    from torch.ao.quantization import quantize_dynamic
-
-    with warnings.catch_warnings():
-        # torch deprecates the quantized tensor API in favour of torchao; it is still the CPU int8 kernel in 2.13.
-        warnings.simplefilter("ignore")
-        return quantize_dynamic(copy.deepcopy(model).cpu().eval(), {nn.Linear}, dtype=torch.qint8)

@@ -52,7 +52,8 @@ def toy_corpus(tmp_path) -> Path:
 
 
 def tiny_model_config(**overrides) -> ModelConfig:
-    cfg = dict(name="tiny", d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0,
-               max_positions=128)  # fmt: skip
+    cfg = dict(
+        name="tiny", d_model=32, n_heads=4, d_ff=64, encoder_layers=2, decoder_layers=2, dropout=0.0, max_positions=128
+    )
     cfg.update(overrides)
     return ModelConfig(**cfg)

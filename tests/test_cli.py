@@ -16,8 +16,9 @@ from tests.conftest import ROOT, needs_multi30k
 
 def run(args, input=None, check=True, timeout=600):
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "HYDRA_FULL_ERROR": "0"}
-    p = subprocess.run([sys.executable, *args], cwd=ROOT, input=input, capture_output=True, text=True,
-                       timeout=timeout, env=env)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, input=input, capture_output=True, text=True, timeout=timeout, env=env
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"{args} exited {p.returncode}:\n{p.stderr[-3000:]}")
     return p
@@ -26,8 +27,16 @@ def run(args, input=None, check=True, timeout=600):
 @pytest.fixture(scope="module")
 def smoke_run(multi30k_subset, tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("smoke")
-    p = run(["train.py", "+experiment=smoke", f"data.dir={multi30k_subset}", f"run_dir={run_dir}",
-             "train.progress=false", "train.valid_every=20"])  # fmt: skip
+    p = run(
+        [
+            "train.py",
+            "+experiment=smoke",
+            f"data.dir={multi30k_subset}",
+            f"run_dir={run_dir}",
+            "train.progress=false",
+            "train.valid_every=20",
+        ]
+    )
     (run_dir / "stderr.txt").write_text(p.stderr)
     return run_dir
 
@@ -35,10 +44,18 @@ def smoke_run(multi30k_subset, tmp_path_factory) -> Path:
 @needs_multi30k()
 def test_train_writes_everything(smoke_run):
     names = {p.name for p in smoke_run.iterdir()}
-    for expected in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_final.pt", "config.resolved.yaml",
-                     "metrics.jsonl",
-                     "training_curves.png", "test_2016_flickr.report.json", "test_2016_flickr.report.md",
-                     "test_2016_flickr.hyp", "tokenizer.json"):  # fmt: skip
+    for expected in (
+        "checkpoint_best.pt",
+        "checkpoint_last.pt",
+        "checkpoint_final.pt",
+        "config.resolved.yaml",
+        "metrics.jsonl",
+        "training_curves.png",
+        "test_2016_flickr.report.json",
+        "test_2016_flickr.report.md",
+        "test_2016_flickr.hyp",
+        "tokenizer.json",
+    ):
         assert expected in names
     assert (smoke_run / ".hydra" / "config.yaml").is_file()
     valid = [json.loads(x) for x in (smoke_run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x]
@@ -57,8 +74,9 @@ def test_progress_false_means_no_progress_bars(smoke_run):
 def test_translate_stdin_lines_and_nbest(smoke_run):
     out = run(["translate.py", f"checkpoint={smoke_run}"], input="a dog runs .\n\nTwo men\n").stdout
     assert len(out.split("\n")) == 4 and out.endswith("\n") and out.split("\n")[1] == ""
-    out = run(["translate.py", f"checkpoint={smoke_run}", "decode.beam_size=4", "decode.nbest=3"],
-              input="a\n\nb\n").stdout  # fmt: skip
+    out = run(
+        ["translate.py", f"checkpoint={smoke_run}", "decode.beam_size=4", "decode.nbest=3"], input="a\n\nb\n"
+    ).stdout
     lines = out.splitlines()
     assert len(lines) == 9 and [line.split(" ||| ")[0] for line in lines] == ["0"] * 3 + ["1"] * 3 + ["2"] * 3
     assert all(len(line.split(" ||| ")) == 3 for line in lines)
@@ -68,8 +86,15 @@ def test_translate_stdin_lines_and_nbest(smoke_run):
 
 @needs_multi30k()
 def test_translate_writes_no_files_and_logs_to_stderr(smoke_run, tmp_path):
-    p = subprocess.run([sys.executable, str(ROOT / "translate.py"), f"checkpoint={smoke_run}"], cwd=tmp_path,
-                       input="a dog runs .\n", capture_output=True, text=True, timeout=600, check=True)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "translate.py"), f"checkpoint={smoke_run}"],
+        cwd=tmp_path,
+        input="a dog runs .\n",
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
     assert len(p.stdout.splitlines()) == 1 and "sentences/s" in p.stderr
     assert list(tmp_path.iterdir()) == []  # no Hydra log file or output dir in the working directory
 
@@ -91,11 +116,23 @@ def test_translate_reads_gzipped_input_file(smoke_run, tmp_path):
 def test_report_matches_sacrebleu_cli(smoke_run, multi30k_subset, tmp_path):
     src, ref = multi30k_subset / "test_2016_flickr.en", multi30k_subset / "test_2016_flickr.de"
     hyp = tmp_path / "hyp.de"
-    run(["translate.py", f"checkpoint={smoke_run}", f"input={src}", f"output={hyp}", f"references={ref}",
-         "decode=greedy"])  # fmt: skip
+    run(
+        [
+            "translate.py",
+            f"checkpoint={smoke_run}",
+            f"input={src}",
+            f"output={hyp}",
+            f"references={ref}",
+            "decode=greedy",
+        ]
+    )
     report = json.loads((tmp_path / "report.json").read_text())
-    cli = subprocess.run([sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-b",
-                          "-w", "2"], capture_output=True, text=True, check=True).stdout  # fmt: skip
+    cli = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-b", "-w", "2"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert [report["bleu"], report["chrf"]] == json.loads(cli)  # both rounded to 2 decimals
     assert (tmp_path / "report.md").read_text().startswith("# Translation report")
 
@@ -106,8 +143,10 @@ def test_attention_plot_has_source_by_output_shape(smoke_run, tmp_path):
     from PIL import Image
 
     png = tmp_path / "attn.png"
-    run(["translate.py", f"checkpoint={smoke_run}", f"plot_attention={png}", "decode=greedy"],
-        input="a man on a bike .\n")  # fmt: skip
+    run(
+        ["translate.py", f"checkpoint={smoke_run}", f"plot_attention={png}", "decode=greedy"],
+        input="a man on a bike .\n",
+    )
     matrix = torch.load(png.with_suffix(".attn.pt"))
     assert Image.open(png).size[0] > 100
     from mt import checkpoint
@@ -133,8 +172,13 @@ def test_translate_bad_input_is_one_line(smoke_run, tmp_path, args, input, messa
     if not any(a.startswith("checkpoint=") for a in args):
         args = [f"checkpoint={smoke_run}", *args]
     env = {**os.environ}
-    p = subprocess.run([sys.executable, "translate.py", *args], cwd=ROOT, input=input if isinstance(input, bytes)
-                       else input.encode(), capture_output=True, env=env)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "translate.py", *args],
+        cwd=ROOT,
+        input=input if isinstance(input, bytes) else input.encode(),
+        capture_output=True,
+        env=env,
+    )
     err = p.stderr.decode().strip().splitlines()
     assert p.returncode == 2 and err[-1].startswith("error: ") and message in err[-1]
     assert "Traceback" not in p.stderr.decode()
@@ -161,19 +205,46 @@ def free_port() -> int:
 def test_torchrun_two_processes_match_one(toy_corpus, tmp_path):
     """2 ranks x 1 batch per update == 1 process x 2 accumulated batches: the same global batches, so the
     validation loss after M updates agrees up to float summation order."""
-    common = ["data=local", f"data.dir={toy_corpus}", "data.src_lang=xx", "data.tgt_lang=yy",
-              "model=transformer_tiny", "model.dropout=0", "tokenizer.vocab_size=60", "tokenizer.min_frequency=1",
-              "train.max_tokens=150", "train.max_updates=6", "train.valid_every=6", "train.valid_bleu=false",
-              "train.progress=false", "train.device=cpu", "train.precision=fp32", "train.warmup=5",
-              "data.test_splits=[]"]  # fmt: skip
+    common = [
+        "data=local",
+        f"data.dir={toy_corpus}",
+        "data.src_lang=xx",
+        "data.tgt_lang=yy",
+        "model=transformer_tiny",
+        "model.dropout=0",
+        "tokenizer.vocab_size=60",
+        "tokenizer.min_frequency=1",
+        "train.max_tokens=150",
+        "train.max_updates=6",
+        "train.valid_every=6",
+        "train.valid_bleu=false",
+        "train.progress=false",
+        "train.device=cpu",
+        "train.precision=fp32",
+        "train.warmup=5",
+        "data.test_splits=[]",
+    ]
     one = tmp_path / "one"
     run(["train.py", *common, f"run_dir={one}", "train.accumulate=2"])
     two = tmp_path / "two"
     env_threads = {"OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-                        f"--master_port={free_port()}", "train.py", *common, f"run_dir={two}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, **env_threads})  # fmt: skip
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node=2",
+            f"--master_port={free_port()}",
+            "train.py",
+            *common,
+            f"run_dir={two}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **env_threads},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
 
     def valid_loss(d):
@@ -186,8 +257,16 @@ def test_torchrun_two_processes_match_one(toy_corpus, tmp_path):
 
 @needs_multi30k()
 def test_sigterm_saves_and_the_same_command_resumes(multi30k_subset, tmp_path):
-    args = [sys.executable, "train.py", "+experiment=smoke", f"data.dir={multi30k_subset}", f"run_dir={tmp_path}",
-            "train.progress=false", "train.max_epochs=50", "train.log_every=1"]  # fmt: skip
+    args = [
+        sys.executable,
+        "train.py",
+        "+experiment=smoke",
+        f"data.dir={multi30k_subset}",
+        f"run_dir={tmp_path}",
+        "train.progress=false",
+        "train.max_epochs=50",
+        "train.log_every=1",
+    ]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = tmp_path / "metrics.jsonl"
     deadline = time.time() + 120
@@ -205,7 +284,7 @@ def test_translate_decodes_with_the_runs_settings_unless_overridden():
     """A recipe's tuned decoding (saved in the checkpoint's config) is the default; decode.* keys override single
     settings and a decode group on the command line replaces them."""
     from mt.config import DecodeConfig
-    from translate import run_decode_settings
+    from mt.inference import run_decode_settings
 
     ckpt = {"config": {"decode": {**vars(DecodeConfig()), "beam_size": 5, "length_penalty": 1.5}}}
     cli = DecodeConfig(beam_size=4, length_penalty=1.0, nbest=3)

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from mt.loss import label_smoothed_loss, projected_label_smoothed_loss
+from benchmarks.reference_loss import label_smoothed_loss
+from mt.loss import projected_label_smoothed_loss
 from mt.model import Transformer
 from tests.conftest import tiny_model_config
 

@@ -27,8 +27,16 @@ def random_batch(B=4, S=7, T=6, seed=0):
 def copy_into_reference(model: Transformer, norm: str) -> nn.Transformer:
     """A torch.nn.Transformer holding the same weights (ours are the same layout, Q/K/V stacked)."""
     c = model.cfg
-    ref = nn.Transformer(c.d_model, c.n_heads, c.encoder_layers, c.decoder_layers, c.d_ff, dropout=0.0,
-                         batch_first=True, norm_first=norm == "pre")  # fmt: skip
+    ref = nn.Transformer(
+        c.d_model,
+        c.n_heads,
+        c.encoder_layers,
+        c.decoder_layers,
+        c.d_ff,
+        dropout=0.0,
+        batch_first=True,
+        norm_first=norm == "pre",
+    )
     if norm == "post":  # nn.Transformer always adds final norms; the paper's post-norm stack has none
         ref.encoder.norm, ref.decoder.norm = None, None
     with torch.no_grad():
@@ -72,8 +80,12 @@ def test_matches_torch_nn_transformer(norm):
         memory = model.encode(src, pad_mask)
         ref_memory = ref.encoder(model.src_embed(src), src_key_padding_mask=pad_mask)
         logits = model.decode(tgt, memory, pad_mask)
-        ref_hidden = ref.decoder(model.tgt_embed(tgt), ref_memory, tgt_mask=~causal_mask(tgt.size(1), tgt.size(1)),
-                                 memory_key_padding_mask=pad_mask)  # fmt: skip
+        ref_hidden = ref.decoder(
+            model.tgt_embed(tgt),
+            ref_memory,
+            tgt_mask=~causal_mask(tgt.size(1), tgt.size(1)),
+            memory_key_padding_mask=pad_mask,
+        )
         ref_logits = model.output(ref_hidden)
     real = ~pad_mask
     torch.testing.assert_close(memory[real], ref_memory[real], atol=1e-5, rtol=1e-5)
@@ -220,8 +232,9 @@ def test_sinusoidal_positions_closed_form():
 
 def test_embedding_scale_and_init():
     torch.manual_seed(0)
-    model = Transformer(ModelConfig(name="m", d_model=256, n_heads=4, d_ff=512, encoder_layers=1,
-                                    decoder_layers=1), 4000, 4000)  # fmt: skip
+    model = Transformer(
+        ModelConfig(name="m", d_model=256, n_heads=4, d_ff=512, encoder_layers=1, decoder_layers=1), 4000, 4000
+    )
     w = model.output.weight[4:]
     assert abs(w.std().item() - 256**-0.5) < 0.002 and model.src_embed.scale == 16.0
     assert model.output.weight[PAD].abs().sum() == 0

@@ -191,7 +191,7 @@ def test_int8_model_stays_close_to_fp32(trained_model):
     sentences from the batch, greedy does not), and which of two near-tied hypotheses wins then depends on the CPU's
     int8 kernel (it flipped on an AVX2-only EPYC, not on an AVX-512 Xeon). Scores cannot flip that way: int8 moves
     a log-probability by ~0.07 on average here, so a best score moves by a fraction of the 0.5 allowed."""
-    from mt.model import quantize_int8
+    from mt.quantize import quantize_int8
 
     q = quantize_int8(trained_model)
     assert not any(type(m) is torch.nn.Linear for m in q.modules())

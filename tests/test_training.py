@@ -14,18 +14,11 @@ import torch
 
 from mt import checkpoint
 from mt.config import Config, DataConfig, DecodeConfig, TokenizerConfig, TrainConfig
-from mt.training import (
-    Trainer,
-    TrainingError,
-    constant_lr,
-    cooldown_factor,
-    finish,
-    inverse_sqrt_lr,
-    keep_freed_memory_in_the_heap,
-    linear_lr,
-    noam_lr,
-    prepare_data,
-)
+from mt.corpus import prepare_data
+from mt.finish import finish
+from mt.runtime import keep_freed_memory_in_the_heap
+from mt.schedules import constant_lr, cooldown_factor, inverse_sqrt_lr, linear_lr, noam_lr
+from mt.training import Trainer, TrainingError
 from tests.conftest import tiny_model_config
 
 
@@ -72,8 +65,9 @@ def test_cooldown_values():
 
 
 def test_cooldown_anneals_inverse_sqrt_to_zero(toy_corpus, tmp_path):
-    trainer = make_trainer(toy_corpus, tmp_path / "run", schedule="inverse_sqrt", warmup=2, max_updates=10,
-                           cooldown=0.5)  # fmt: skip
+    trainer = make_trainer(
+        toy_corpus, tmp_path / "run", schedule="inverse_sqrt", warmup=2, max_updates=10, cooldown=0.5
+    )
     trainer.fit(job_start=0)
     lrs = [r["lr"] for r in read_metrics(tmp_path / "run") if r["kind"] == "train"]
     # logged after update 5 and 10: the lr of the next update, 3e-3 * sqrt(2 / 6) (cooldown starts at 5), then 0
@@ -82,18 +76,30 @@ def test_cooldown_anneals_inverse_sqrt_to_zero(toy_corpus, tmp_path):
 
 def test_time_budget_counts_resumed_time(toy_corpus, tmp_path):
     trainer = make_trainer(toy_corpus, tmp_path / "run", schedule="linear", max_time=2.0)
-    trainer.elapsed, trainer.clock_start = 30.0, time.time() - 30.0  # 30 s before a resume, 30 s since
-    assert trainer.budget_used() == pytest.approx(0.5, abs=0.01)  # of 120 s
+    trainer.budget.elapsed, trainer.budget.clock_start = 30.0, time.time() - 30.0  # 30 s before a resume, 30 s since
+    assert trainer.budget.used(trainer.update) == pytest.approx(0.5, abs=0.01)  # of 120 s
 
 
 def make_config(corpus_dir: Path, run_dir: Path, **train) -> Config:
-    tc = dict(device="cpu", precision="fp32", max_tokens=150, warmup=20, lr=3e-3, schedule="inverse_sqrt",
-              max_epochs=3, valid_bleu=False, keep_last=3, progress=False, log_every=5, resume="auto")  # fmt: skip
+    tc = dict(
+        device="cpu",
+        precision="fp32",
+        max_tokens=150,
+        warmup=20,
+        lr=3e-3,
+        schedule="inverse_sqrt",
+        max_epochs=3,
+        valid_bleu=False,
+        keep_last=3,
+        progress=False,
+        log_every=5,
+        resume="auto",
+    )
     tc.update(train)
     return Config(
         data=DataConfig(
             name="toy", dir=str(corpus_dir), src_lang="xx", tgt_lang="yy", valid_split="valid", test_splits=["test"]
-        ),  # fmt: skip
+        ),
         tokenizer=TokenizerConfig(vocab_size=60, min_frequency=1),
         model=tiny_model_config(dropout=0.1),
         train=TrainConfig(**tc),
@@ -135,8 +141,10 @@ def test_accumulating_two_half_batches_equals_one_batch(toy_corpus, tmp_path):
 
     rows = trainer.loader.dataset[full.ids]
     h = len(full.ids) // 2
-    halves = [collate(rows["src_ids"][:h], rows["tgt_ids"][:h], full.ids[:h]),
-              collate(rows["src_ids"][h:], rows["tgt_ids"][h:], full.ids[h:])]  # fmt: skip
+    halves = [
+        collate(rows["src_ids"][:h], rows["tgt_ids"][:h], full.ids[:h]),
+        collate(rows["src_ids"][h:], rows["tgt_ids"][h:], full.ids[h:]),
+    ]
     trainer.backward([full])
     one = [p.grad.clone() for p in trainer.model.parameters()]
     trainer.optimizer.zero_grad()
@@ -231,8 +239,9 @@ def test_checkpoints_kept_averaged_and_self_describing(toy_corpus, tmp_path):
 
 def test_final_choice_scores_best_and_average_on_the_whole_val_split(toy_corpus, tmp_path, monkeypatch):
     run = tmp_path / "run"
-    trainer = make_trainer(toy_corpus, run, max_epochs=3, keep_last=2, average_last=2, valid_bleu=True,
-                           valid_bleu_subset=2)  # fmt: skip
+    trainer = make_trainer(
+        toy_corpus, run, max_epochs=3, keep_last=2, average_last=2, valid_bleu=True, valid_bleu_subset=2
+    )
     decoded = []  # sentences each BLEU validation decodes
     bleu = trainer.bleu
     monkeypatch.setattr(trainer, "bleu", lambda ds, cfg: decoded.append(len(ds)) or bleu(ds, cfg))
@@ -309,10 +318,13 @@ def _should_stop_on_rank(rank: int, port: int, elapsed: list[float], other: list
 
     import torch.distributed as dist
 
+    from mt.schedules import Budget
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        fake = types.SimpleNamespace(tc=TrainConfig(max_time=1.0), update=7, world=2, device=torch.device("cpu"),
-                                     stop_reason=other[rank], elapsed_now=lambda: elapsed[rank])  # fmt: skip
+        budget = Budget(max_updates=0, max_time_min=1.0)
+        budget.elapsed, budget.clock_start = elapsed[rank], time.time()
+        fake = types.SimpleNamespace(budget=budget, update=7, device=torch.device("cpu"), stop_reason=other[rank])
         out.put((rank, Trainer._should_stop(fake), fake.stop_reason))
     finally:
         dist.destroy_process_group()
@@ -335,7 +347,7 @@ def _should_stop_on_rank(rank: int, port: int, elapsed: list[float], other: list
     ],
 )
 def test_ranks_agree_on_why_they_stop(elapsed, reasons, expected):
-    from mt.training import stop_code
+    from mt.distributed import stop_code
 
     got = on_two_ranks(_should_stop_on_rank, elapsed, reasons)
     assert [got[r][0] for r in range(2)] == [True, True]
@@ -392,7 +404,7 @@ def _resegment_on_rank(rank: int, port: int, corpus_dir: Path, run_dir: Path, ou
     """One rank of `test_bpe_dropout_ranks_batch_the_same_segmentation`."""
     import torch.distributed as dist
 
-    from mt.training import BPEDropoutSegments
+    from mt.corpus import BPEDropoutSegments
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:

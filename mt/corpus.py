@@ -1,0 +1,108 @@
+"""The training run's corpus: splits read, BPE trained or reused, tokenized (cached) and filtered, then cut into
+token-budget batches; optionally re-segmented every epoch with BPE-dropout."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import datasets
+import torch.distributed as dist
+
+from mt import data
+from mt.batching import BatchLoader, TokenBucketSampler
+from mt.config import Config
+from mt.tokenizer import Vocabs, build_vocabs, tokenize, with_bpe_dropout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Corpus:
+    vocabs: Vocabs
+    train: datasets.Dataset  # tokenized and filtered
+    valid: datasets.Dataset  # tokenized; `src`/`tgt` raw for BLEU
+
+
+def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
+    """Load the training and validation splits, train (or reuse) the BPE, tokenize (cached) and filter."""
+    dc = cfg.data
+    log.info("data: %s", data.describe(dc))
+    train = data.drop_empty(data.load_split(dc, dc.train_split), f"{dc.name}/{dc.train_split}")
+    vocabs = build_vocabs(cfg.tokenizer, train, run_dir)
+    max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
+    train = data.filter_lengths(tokenize(train, vocabs), max_len, dc.max_ratio, f"{dc.name}/{dc.train_split}")
+    valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
+    return Corpus(vocabs, train, truncate(tokenize(valid, vocabs), max_len, dc.valid_split))
+
+
+def truncate(ds: datasets.Dataset, max_len: int, name: str) -> datasets.Dataset:
+    """Cut pairs longer than the model's positions (validation keeps every pair; training filters them out)."""
+    too_long = ds.filter(
+        lambda b: [max(len(s), len(t)) > max_len for s, t in zip(b["src_ids"], b["tgt_ids"])], batched=True
+    )
+    if not len(too_long):
+        return ds
+    log.warning("%s: %d pairs longer than %d tokens are truncated for validation", name, len(too_long), max_len)
+    return ds.map(
+        lambda b: {
+            **{k: [x[:max_len] for x in b[k]] for k in ("src_ids", "tgt_ids")},
+            **{k: [min(n, max_len) for n in b[k]] for k in ("src_len", "tgt_len")},
+        },
+        batched=True,
+    )
+
+
+def make_sampler(ds: datasets.Dataset, max_tokens: int, seed: int, shuffle: bool, world: int = 1, rank: int = 0):
+    lengths = ds.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]  # two int arrays, not the ids
+    src_lens = lengths["src_len"] + 1  # + </s>
+    tgt_lens = lengths["tgt_len"] + 1  # + <s> (input) or </s> (output)
+    return TokenBucketSampler(src_lens, tgt_lens, max_tokens, seed, shuffle, num_replicas=world, rank=rank)
+
+
+def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int):
+    """The sampler (this rank's shard of each epoch), the loader that collates its batches, and the BPE-dropout
+    segments the loader reads from (None without `train.bpe_dropout`)."""
+    tc = cfg.train
+    sampler = make_sampler(corpus.train, tc.max_tokens, tc.seed, True, world, rank)
+    if not tc.bpe_dropout:
+        return sampler, BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler), None
+    max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
+    segments = BPEDropoutSegments(corpus.train, corpus.vocabs, tc.bpe_dropout, max_len, world, rank)
+    return sampler, BatchLoader(segments, sampler), segments
+
+
+class BPEDropoutSegments:
+    """The training pairs segmented afresh for every epoch with BPE-dropout (Provilkov et al., 2020).
+
+    Each BPE merge is skipped with probability p, so a word reaches the model in several segmentations. Indexing
+    it like a `datasets.Dataset` (`segments[indices]`) gives this epoch's ids, so a BatchLoader reads from it.
+    A segmentation longer than `max_len` falls back to the deterministic one. `tokenizers` draws from an RNG that
+    cannot be seeded: a resumed run sees other segmentations than an uninterrupted one would, and under DDP rank 0
+    segments and broadcasts so that every rank cuts the same batches.
+    """
+
+    def __init__(self, train: datasets.Dataset, vocabs: Vocabs, p: float, max_len: int, world: int, rank: int):
+        cols = train.select_columns(["src", "tgt", "src_ids", "tgt_ids"])[:]
+        self.texts = {"src_ids": cols["src"], "tgt_ids": cols["tgt"]}
+        self.fallback = {"src_ids": cols["src_ids"], "tgt_ids": cols["tgt_ids"]}
+        self.ids = dict(self.fallback)
+        src = with_bpe_dropout(vocabs.src, p)
+        self.tokenizers = {"src_ids": src, "tgt_ids": src if vocabs.joint else with_bpe_dropout(vocabs.tgt, p)}
+        self.max_len, self.world, self.rank = max_len, world, rank
+
+    def resegment(self) -> tuple[list[int], list[int]]:
+        """Draw this epoch's segmentation; returns the source and target lengths the sampler batches by."""
+        if self.rank == 0:
+            for side, tok in self.tokenizers.items():
+                drawn = (e.ids for e in tok.encode_batch(self.texts[side], add_special_tokens=False))
+                self.ids[side] = [d if len(d) <= self.max_len else f for d, f in zip(drawn, self.fallback[side])]
+        if self.world > 1:
+            shared = [self.ids]
+            dist.broadcast_object_list(shared, src=0)
+            self.ids = shared[0]
+        return [len(x) + 1 for x in self.ids["src_ids"]], [len(x) + 1 for x in self.ids["tgt_ids"]]  # + </s>, <s>
+
+    def __getitem__(self, indices: list[int]) -> dict:
+        return {side: [ids[i] for i in indices] for side, ids in self.ids.items()}

@@ -1,0 +1,70 @@
+"""Multi-process training with `torchrun`: joining the process group, rank helpers, and agreeing on a stop.
+
+Under DDP every rank must take the same path: the same number of updates, and the same kind of stop (a budget
+stop validates the partial epoch, which has collectives; a signal exits to resume later).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed(device: str) -> int:
+    """Join the torchrun process group if there is one; returns this process's rank. The backend follows the
+    training device (`train.device`): NCCL for CUDA, gloo for the CPU, even on a machine that has GPUs."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0
+    on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if on_cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl" if on_cuda else "gloo")
+    return dist.get_rank()
+
+
+def world_and_rank() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def all_max(value: float, device: torch.device) -> float:
+    """The largest `value` over all ranks (the value itself in one process)."""
+    if world_and_rank()[0] == 1:
+        return value
+    t = torch.tensor([float(value)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+# Why training stopped, as a code that ranks agree on with all_reduce(MAX), the strongest winning.
+BUDGET, OTHER, SIGNAL = 1, 2, 3
+STOP_ON_ANOTHER_RANK = {BUDGET: "max_time", OTHER: "stopped by another rank", SIGNAL: "SIGTERM"}
+
+
+def stop_code(reason: str | None) -> int:
+    if reason is None:
+        return 0
+    if reason in ("max_time", "max_updates"):
+        return BUDGET
+    return SIGNAL if reason in ("SIGINT", "SIGTERM") else OTHER
+
+
+def agree_on_stop(reason: str | None, device: torch.device) -> str | None:
+    """This rank's stop reason (None = go on), raised to the strongest kind any rank has: ranks' clocks differ,
+    so one may reach max_time an update before the others, and a signal may reach one rank only."""
+    code = stop_code(reason)
+    agreed = int(all_max(code, device))
+    return STOP_ON_ANOTHER_RANK[agreed] if agreed > code else reason
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,88 @@
+"""The end of a run (rank 0): choose the final weights on the whole val split, save them, plot the curves, and
+translate and score the test splits."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict
+
+from mt import checkpoint, data
+from mt.evaluation import translate_ids, write_report
+from mt.plots import plot_curves
+
+log = logging.getLogger(__name__)
+
+
+def finish(trainer) -> dict:
+    """Average the last epoch checkpoints (`train.average_last`), keep whichever of the average and the best
+    checkpoint scores higher on the whole val split as checkpoint_final.pt, then score the test splits with it.
+
+    The best epoch was picked on `valid_bleu_subset` sentences; the final choice scores both candidates on all of
+    val, so a lucky subset score does not decide it."""
+    run_dir, tc = trainer.run_dir, trainer.tc
+    candidates = final_candidates(run_dir, tc.average_last)
+    tag = "final weights (no validation ran)"
+    if len(candidates) == 1:
+        tag = next(iter(candidates))
+    elif candidates:
+        best_metric = -math.inf
+        for name, weights in candidates.items():
+            trainer.model.load_state_dict(weights)
+            result = trainer.validate(bleu_subset=0)
+            metric = result.get("valid_bleu", -result["valid_loss"])
+            trainer.metrics.write({"kind": "final_choice", "candidate": name, "update": trainer.update, **result})
+            log.info("%s on the whole val split: %s", name, ", ".join(f"{k}={v:.3f}" for k, v in result.items()))
+            if metric > best_metric:
+                best_metric, tag = metric, name
+    if candidates:
+        trainer.model.load_state_dict(candidates[tag])
+    final = trainer.state(full=False)
+    final["chosen"] = tag
+    checkpoint.save_atomic(final, run_dir / "checkpoint_final.pt")  # what `translate.py checkpoint=RUN_DIR` loads
+    if trainer.metrics.path.is_file():
+        plot_curves(trainer.metrics.path, run_dir / "training_curves.png")
+    reports = evaluate_splits(trainer, trainer.cfg.data.test_splits, tag)
+    return {"checkpoint": tag, "reports": reports}
+
+
+def final_candidates(run_dir, average_last: int) -> dict[str, dict]:
+    """{tag: model weights}: the best checkpoint and, with average_last >= 2, the average of the last epochs'."""
+    candidates = {}
+    if (run_dir / "checkpoint_best.pt").is_file():
+        candidates["checkpoint_best.pt"] = checkpoint.load(run_dir / "checkpoint_best.pt")["model"]
+    paths = checkpoint.epoch_checkpoints(run_dir)[-average_last:] if average_last >= 2 else []
+    if len(paths) >= 2:
+        averaged = checkpoint.average(paths)
+        checkpoint.save_atomic(averaged, run_dir / "checkpoint_averaged.pt")
+        candidates[f"checkpoint_averaged.pt (last {len(paths)})"] = averaged["model"]
+    return candidates
+
+
+def evaluate_splits(trainer, splits: list[str], tag: str) -> list[dict]:
+    """Translate each test split with the decode config and write `{split}.hyp` and its report in the run dir."""
+    cfg, vocabs, reports = trainer.cfg, trainer.corpus.vocabs, []
+    for split in splits:
+        ds = data.drop_empty(data.load_split(cfg.data, split), f"{cfg.data.name}/{split}")
+        start = time.perf_counter()
+        src_ids = vocabs.src.encode_batch(list(ds["src"]))
+        hyps = translate_ids(trainer.model, src_ids, cfg.decode, trainer.device, trainer.amp)
+        seconds = time.perf_counter() - start
+        texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+        (trainer.run_dir / f"{split}.hyp").write_text("".join(t + "\n" for t in texts))
+        n_tokens = sum(len(h[0].tokens) for h in hyps)
+        speed = {"sentences_per_s": len(texts) / seconds, "tokens_per_s": n_tokens / seconds}
+        extra = {**speed, "decode": asdict(cfg.decode), "checkpoint": tag}
+        report = write_report(trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), extra)
+        log.info(
+            "%s (%s): BLEU %.2f, lowercased BLEU %.2f, chrF %.2f, %.1f sentences/s",
+            split,
+            tag,
+            report["bleu"],
+            report["bleu_lowercase"],
+            report["chrf"],
+            speed["sentences_per_s"],
+        )
+        reports.append(report)
+    return reports
