@@ -71,6 +71,16 @@ def training_state(model: Transformer, vocabs: Vocabs, config: dict, progress: d
     return state
 
 
+def resume_path(resume: str, run_dir: Path) -> Path | None:
+    """The checkpoint `train.resume` names: a path, or with `auto` the run dir's last one if there is one."""
+    if resume == "never":
+        return None
+    if resume != "auto":
+        return Path(resume)
+    last = run_dir / "checkpoint_last.pt"
+    return last if last.is_file() else None
+
+
 def restore_training(path: Path, model: Transformer, resumable: dict) -> dict:
     """Load a resumable checkpoint into `model` and the RESUMABLE objects, restore the RNGs; returns the
     checkpoint (its progress counters)."""

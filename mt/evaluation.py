@@ -7,6 +7,7 @@ here is the standard sacreBLEU number (13a tokenization inside sacreBLEU), with 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +15,11 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from mt.batching import collate
+from mt.batching import BatchLoader, collate
 from mt.config import ConfigError, DecodeConfig
+from mt.corpus import make_sampler
 from mt.quantize import quantize_int8
+from mt.runtime import autocast
 from mt.search import Hypothesis, search
 from mt.tokenizer import Vocabs
 
@@ -84,6 +87,27 @@ def translate_texts(
     texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
     n_tokens = sum(len(h[0].tokens) for h in hyps)
     return Translations(hyps, texts, time.perf_counter() - start, n_tokens)
+
+
+@torch.no_grad()
+def validation_loss(model, valid, max_tokens: int, label_smoothing: float, device, amp) -> dict:
+    """Label-smoothed loss, NLL and perplexity per target token of a tokenized split (teacher-forced)."""
+    model.eval()
+    loss_sum = nll_sum = n = 0.0
+    for b in BatchLoader(valid.select_columns(["src_ids", "tgt_ids"]), make_sampler(valid, max_tokens, 0, False)):
+        b = b.to(device)
+        with autocast(device, amp):
+            loss, nll = model.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, label_smoothing)
+        loss_sum, nll_sum, n = loss_sum + loss.item(), nll_sum + nll.item(), n + b.n_tgt_tokens
+    return {"valid_loss": loss_sum / n, "valid_nll": nll_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50))}
+
+
+def validation_bleu(model, ds, vocabs: Vocabs, decode_cfg: DecodeConfig, device, amp) -> dict:
+    """BLEU and chrF of the search's translations of a tokenized split's `src_ids` against its raw `tgt`."""
+    start = time.perf_counter()
+    hyps = translate_ids(model, list(ds["src_ids"]), decode_cfg, device, amp)
+    s = score(vocabs.tgt.decode_batch([h[0].tokens for h in hyps]), list(ds["tgt"]))
+    return {"valid_bleu": s["bleu"], "valid_chrf": s["chrf"], "valid_decode_s": time.perf_counter() - start}
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:

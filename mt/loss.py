@@ -19,16 +19,13 @@ from mt.tokenizer import PAD
 class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     """The output projection and the loss together, a chunk of rows at a time, gradients computed in the forward.
 
-    The (N, V) logits are the largest tensor of a training step (2,400 x 8,000 fp32 = 77 MB for the Multi30k
-    recipe) and a plain projection + loss writes and reads them ~6 times. Here one chunk of rows exists at a
-    time (256 x 8,000 fp32 = 8 MB, within this CPU's 36 MB L3): its logits, the loss terms, the gradient
-    softmax - q in place, then that chunk's share of both input gradients (states and weight). Backward only
-    scales the stored gradients by the incoming one. Same sums and gradients as projecting then calling
-    `label_smoothed_loss`, up to float rounding; the extra work in the forward is skipped when no input needs a
-    gradient.
-
-    Under autocast the three matmuls run in the autocast dtype (as they would in the model) and the softmax in
-    fp32.
+    The (N, V) logits are the largest tensor of a training step, and a plain projection + loss writes and reads
+    them several times. Here one chunk of rows exists at a time (sized to stay in a CPU's cache): its logits, the
+    loss terms, the gradient softmax - q in place, then that chunk's share of both input gradients (states and
+    weight). Backward only scales the stored gradients by the incoming one. Same sums and gradients as projecting
+    and then taking the loss, up to float rounding (tests/test_loss.py; speed in benchmarks/RESULTS.md). The extra
+    work in the forward is skipped when no input needs a gradient. Under autocast the three matmuls run in the
+    autocast dtype (as they would in the model) and the softmax in fp32.
     """
 
     @staticmethod
@@ -75,10 +72,10 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
 def projected_label_smoothed_loss(
     states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float, chunk: int = 256
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`label_smoothed_loss(states @ weight.T, target, eps)` without materialising the logits.
+    """Label-smoothed loss and NLL of the logits `states @ weight.T` without materialising them.
 
-    states (N, D), weight (V, D) (the output projection's, bias-free), target (N,). `chunk` rows at a time: 256
-    was the fastest of 64-1024 for the recipe's (2,400, 128) x 8,000 (`benchmarks/loss.py`)."""
+    states (N, D), weight (V, D) (the output projection's, bias-free), target (N,); `chunk` rows at a time (the
+    default was the fastest on the recipe's shapes, `benchmarks/loss.py`)."""
     # forward() runs with autograd off, so whether gradients will be wanted is decided here
     want_grad = torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad)
     states = states.reshape(-1, states.size(-1))

@@ -40,6 +40,17 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def training_device(name: str, quantize: str) -> torch.device:
+    """`train.device`, under torchrun this process's GPU; int8 decoding (CPU only) is refused now, not after
+    training."""
+    device = pick_device(name)
+    if device.type == "cuda" and torch.distributed.is_initialized():
+        device = torch.device("cuda", torch.cuda.current_device())
+    if quantize == "int8" and device.type != "cpu":
+        raise ConfigError(f"decode.quantize=int8 runs on the CPU only (device: {device}); set decode.quantize=none")
+    return device
+
+
 def pick_autocast(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype, or None for fp32. `auto` = bf16 where the hardware runs it fast (AMX CPUs, bf16 GPUs),
     fp16 on CUDA GPUs without bf16, fp32 on other CPUs (emulated bf16 is slower than fp32 there)."""

@@ -60,9 +60,8 @@ def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     The k largest entries of a row lie in the k blocks (of `block` columns) with the largest maxima: k entries
     can occupy at most k blocks, and each of those blocks' maximum is at least the k-th largest entry. So:
     block maxima (`amax`, vectorised), the top k blocks, then topk over those k * block columns. On the CPU
-    torch's topk and max(dim) over 8,000 columns cost more than the output projection that made the logits
-    (profiled: `max(dim=-1)` ~15x `amax`). Measured on (320, 8000) top-10 (beam 5 x 64 sentences) 1.9-2.4x and
-    on (64, 8000) top-1 (greedy) 3.0-3.4x faster than torch's, on one and two threads.
+    torch's topk over a whole vocabulary costs more than the output projection that made the logits
+    (benchmarks/RESULTS.md).
     Equal values may come back in a different order than torch.topk's.
     """
     n, V = x.shape

@@ -14,7 +14,6 @@ import functools
 import logging
 import math
 import signal
-import time
 from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
@@ -25,10 +24,10 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from mt import checkpoint, distributed, runtime
-from mt.batching import Batch, BatchLoader
-from mt.config import Config, ConfigError, DecodeConfig, TrainConfig
-from mt.corpus import Corpus, make_sampler, training_batches
-from mt.evaluation import score, translate_ids
+from mt.batching import Batch
+from mt.config import Config, DecodeConfig, TrainConfig
+from mt.corpus import Corpus, training_batches
+from mt.evaluation import validation_bleu, validation_loss
 from mt.metrics import MetricsLog, RunningSums
 from mt.model import Transformer
 from mt.schedules import Budget, lr_at
@@ -60,17 +59,24 @@ def build_optimizer(model: Transformer, tc: TrainConfig) -> torch.optim.Optimize
     )
 
 
+def wrap_for_training(model: Transformer, tc: TrainConfig, world: int, device: torch.device) -> torch.nn.Module:
+    """The module whose forward is the training loss: compiled with `train.compile`, wrapped in DDP under torchrun."""
+    wrapped = TrainingLoss(model, tc.label_smoothing)
+    if tc.compile:
+        wrapped = torch.compile(wrapped)
+    if world > 1:
+        ids = [device.index] if device.type == "cuda" else None
+        wrapped = torch.nn.parallel.DistributedDataParallel(wrapped, device_ids=ids)
+    return wrapped
+
+
 class Trainer:
+    """Owns the model, optimizer, schedule and batches of one run; `fit` trains, `validate` scores."""
+
     def __init__(self, cfg: Config, corpus: Corpus, run_dir: Path):
         self.cfg, self.tc, self.corpus, self.run_dir = cfg, cfg.train, corpus, run_dir
         self.world, self.rank = distributed.world_and_rank()
-        self.device = runtime.pick_device(self.tc.device)
-        if self.world > 1 and self.device.type == "cuda":
-            self.device = torch.device("cuda", torch.cuda.current_device())
-        if cfg.decode.quantize == "int8" and self.device.type != "cpu":  # fail now, not after training
-            raise ConfigError(
-                f"decode.quantize=int8 runs on the CPU only (device: {self.device}); set decode.quantize=none"
-            )
+        self.device = runtime.training_device(self.tc.device, cfg.decode.quantize)
         self.amp = runtime.pick_autocast(self.tc.precision, self.device)
         torch.manual_seed(self.tc.seed)
         self.model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt)).to(self.device)
@@ -83,12 +89,7 @@ class Trainer:
             self.optimizer, lambda s: schedule(s + 1, budget_used=self.budget_used)
         )
         self.scaler = torch.amp.GradScaler(enabled=self.amp == torch.float16)
-        self.train_model = TrainingLoss(self.model, self.tc.label_smoothing)
-        if self.tc.compile:
-            self.train_model = torch.compile(self.train_model)
-        if self.world > 1:
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.train_model = torch.nn.parallel.DistributedDataParallel(self.train_model, device_ids=ids)
+        self.train_model = wrap_for_training(self.model, self.tc, self.world, self.device)
         self.sampler, self.loader, self.segments = training_batches(corpus, cfg, self.world, self.rank)
         self.best, self.bad_validations, self.nan_in_a_row = -math.inf, 0, 0
         self.stop_reason: str | None = None
@@ -148,33 +149,19 @@ class Trainer:
 
     # ---------------------------------------------------------------------------- validation
 
-    @torch.no_grad()
     def validate(self, bleu_subset: int | None = None) -> dict:
         """Validation loss/perplexity, and BLEU of the decode config's search on (a subset of) the val split.
 
         `bleu_subset`: sentences decoded for BLEU, 0 = all; default `train.valid_bleu_subset`."""
-        self.model.eval()
-        valid = self.corpus.valid
-        loss_sum = nll_sum = n = 0.0
-        for b in BatchLoader(
-            valid.select_columns(["src_ids", "tgt_ids"]), make_sampler(valid, self.tc.max_tokens, 0, False)
-        ):
-            b = b.to(self.device)
-            with runtime.autocast(self.device, self.amp):
-                loss, nll = self.model.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, self.tc.label_smoothing)
-            loss_sum, nll_sum, n = loss_sum + loss.item(), nll_sum + nll.item(), n + b.n_tgt_tokens
-        result = {"valid_loss": loss_sum / n, "valid_nll": nll_sum / n, "valid_ppl": math.exp(min(nll_sum / n, 50))}
-        if self.tc.valid_bleu:
-            k = (self.tc.valid_bleu_subset if bleu_subset is None else bleu_subset) or len(valid)
+        valid, tc = self.corpus.valid, self.tc
+        result = validation_loss(self.model, valid, tc.max_tokens, tc.label_smoothing, self.device, self.amp)
+        if tc.valid_bleu:
+            k = (tc.valid_bleu_subset if bleu_subset is None else bleu_subset) or len(valid)
             result.update(self.bleu(valid.select(range(min(k, len(valid)))), self.cfg.decode))
         return result
 
     def bleu(self, ds: datasets.Dataset, decode_cfg: DecodeConfig) -> dict:
-        start = time.perf_counter()
-        hyps = translate_ids(self.model, list(ds["src_ids"]), decode_cfg, self.device, self.amp)
-        texts = self.corpus.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
-        s = score(texts, list(ds["tgt"]))
-        return {"valid_bleu": s["bleu"], "valid_chrf": s["chrf"], "valid_decode_s": time.perf_counter() - start}
+        return validation_bleu(self.model, ds, self.corpus.vocabs, decode_cfg, self.device, self.amp)
 
     def _validate_and_keep_best(self) -> None:
         if self.rank == 0:
@@ -196,12 +183,7 @@ class Trainer:
     # ---------------------------------------------------------------------------- checkpoints
 
     def _resumable(self) -> dict:
-        return {
-            "optimizer": self.optimizer,
-            "scheduler": self.scheduler,
-            "scaler": self.scaler,
-            "sampler": self.sampler,
-        }
+        return dict(optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler, sampler=self.sampler)
 
     def state(self, full: bool) -> dict:
         progress = {"update": self.update, "epochs_done": self.epochs_done, "best": self.best}
@@ -218,32 +200,21 @@ class Trainer:
 
     def resume(self) -> bool:
         """Continue from `train.resume` (a path) or, with `auto`, the run dir's last checkpoint if there is one."""
-        if self.tc.resume == "never":
-            return False
-        path = self.run_dir / "checkpoint_last.pt" if self.tc.resume == "auto" else Path(self.tc.resume)
-        if self.tc.resume == "auto" and not path.is_file():
+        path = checkpoint.resume_path(self.tc.resume, self.run_dir)
+        if path is None:
             return False
         ckpt = checkpoint.restore_training(path, self.model, self._resumable())
         self.update, self.epochs_done, self.best = ckpt["update"], ckpt["epochs_done"], ckpt["best"]
         self.budget.elapsed, self.bad_validations = ckpt["elapsed"], ckpt["bad_validations"]
-        log.info(
-            "resumed from %s at update %d (epoch %d, batch %d)",
-            path,
-            self.update,
-            self.sampler.epoch + 1,
-            self.sampler.position,
-        )
+        where = f"epoch {self.sampler.epoch + 1}, batch {self.sampler.position}"
+        log.info("resumed from %s at update %d (%s)", path, self.update, where)
         return True
 
     # ---------------------------------------------------------------------------- the loop
 
-    def _install_signal_handlers(self) -> None:
-        def handler(signum, frame):
-            self.stop_reason = signal.Signals(signum).name
-            log.warning("%s received: stopping after this update and saving a checkpoint", self.stop_reason)
-
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, handler)
+    def _on_signal(self, signum, frame) -> None:
+        self.stop_reason = signal.Signals(signum).name
+        log.warning("%s received: stopping after this update and saving a checkpoint", self.stop_reason)
 
     def _should_stop(self) -> bool:
         """Whether to stop now; under DDP every rank stops at the same update, for the same kind of reason."""
@@ -254,19 +225,15 @@ class Trainer:
     def fit(self, job_start: float) -> str:
         """Train until max_epochs/max_updates/max_time/patience or a signal. Returns why it stopped."""
         self.resume()
-        self._install_signal_handlers()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
         self.budget.clock_start = job_start
         drawn_for = self.sampler.epoch  # BPE-dropout: the epoch whose segmentation the sampler batches by
         if self.segments is not None:
             self.sampler.set_lengths(*self.segments.resegment())
-        if self.rank == 0:
-            log.info(
-                "model: %d parameters; %d batches per epoch (rank 0), padding efficiency %.3f; autocast %s",
-                sum(p.numel() for p in self.model.parameters()),
-                len(self.sampler),
-                self.sampler.padding_efficiency(),
-                self.amp,
-            )
+        n_params = sum(p.numel() for p in self.model.parameters())
+        log.info("model: %d parameters; %d batches per epoch (rank 0), padding efficiency %.3f; autocast %s",
+                 n_params, len(self.sampler), self.sampler.padding_efficiency(), self.amp)  # fmt: skip
         while self.sampler.epoch < self.tc.max_epochs and not self._should_stop():
             epoch = self.sampler.epoch
             if self.segments is not None and epoch != drawn_for:  # a new segmentation before the epoch's batches
@@ -286,15 +253,9 @@ class Trainer:
     def _train_epoch(self, epoch: int) -> None:
         """Updates from the sampler's position to the end of `epoch`, or until a stop."""
         tc, it, sums = self.tc, iter(self.loader), RunningSums()
-        steps = max(1, len(self.sampler) // tc.accumulate)
-        bar = tqdm(
-            total=steps,
-            initial=self.sampler.position // tc.accumulate,
-            desc=f"epoch {epoch + 1}",
-            disable=self.rank != 0 or not tc.progress,
-            dynamic_ncols=True,
-            leave=False,
-        )
+        steps, done = max(1, len(self.sampler) // tc.accumulate), self.sampler.position // tc.accumulate
+        bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}", disable=self.rank != 0 or not tc.progress,
+                   dynamic_ncols=True, leave=False)  # fmt: skip
         while batches := list(islice(it, tc.accumulate)):
             stats = self.train_step(batches)
             sums.add(stats["loss"], stats["nll"], stats["tokens"])

@@ -424,3 +424,31 @@ def test_bpe_dropout_ranks_batch_the_same_segmentation(toy_corpus, tmp_path):
     got = on_two_ranks(_resegment_on_rank, toy_corpus, tmp_path / "run")
     assert got[0] == got[1]
     assert got[0][0][0] != got[0][0][1]  # two epochs, two draws
+
+
+def test_tensorboard_gets_the_metrics_scalars(toy_corpus, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    trainer = make_trainer(toy_corpus, run, max_epochs=2, valid_bleu=True, clip_norm=1.0, tensorboard=True)
+    trainer.fit(job_start=0)
+    trainer.metrics.close()
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    expected = {"train/loss", "train/nll", "train/lr", "train/grad_norm", "train/tgt_tokens_per_s"}
+    assert expected | {"valid/valid_loss", "valid/valid_bleu", "valid/valid_chrf"} <= tags
+    # the same numbers as metrics.jsonl, at the same updates
+    train = [r for r in read_metrics(run) if r["kind"] == "train"]
+    logged = events.Scalars("train/loss")
+    assert [e.step for e in logged] == [r["update"] for r in train]
+    assert [e.value for e in logged] == pytest.approx([r["loss"] for r in train], rel=1e-6)
+    valid = [r for r in read_metrics(run) if r["kind"] == "valid"]
+    assert [e.value for e in events.Scalars("valid/valid_bleu")] == pytest.approx([r["valid_bleu"] for r in valid])
+
+
+def test_tensorboard_off_writes_no_event_files(toy_corpus, tmp_path):
+    run = tmp_path / "run"
+    make_trainer(toy_corpus, run, max_epochs=1, tensorboard=False).fit(job_start=0)
+    assert (run / "metrics.jsonl").is_file() and not (run / "tb").exists()
