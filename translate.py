@@ -24,6 +24,7 @@ from mt.errors import USER_ERRORS
 from mt.evaluation import translate_ids, write_report
 from mt.inference import (
     encode_within_positions,
+    open_output,
     output_lines,
     plot_first_line,
     read_input,
@@ -54,13 +55,14 @@ def main(dcfg: DictConfig) -> None:
         model, vocabs = checkpoint.build_model(ckpt)
         device = pick_device(cfg.device)
         model.to(device).eval()
-        lines = read_input(cfg.input)
+        lines = read_input(cfg.input, cfg.input_errors)
+        out = open_output(cfg.output)
         src_ids = encode_within_positions(vocabs, lines, model.cfg.max_positions - 1)
         start = time.perf_counter()
         hyps = translate_ids(model, src_ids, d, device, pick_autocast(cfg.precision, device))
         seconds = max(time.perf_counter() - start, 1e-9)
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
-        write_output(cfg.output, output_lines(hyps, texts, vocabs, d.nbest))
+        write_output(out, output_lines(hyps, texts, vocabs, d.nbest))
         n_tokens = sum(len(h[0].tokens) for h in hyps)
         speed = {"sentences_per_s": len(lines) / seconds, "tokens_per_s": n_tokens / seconds}
         log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", len(lines), seconds, *speed.values())

@@ -7,6 +7,7 @@ and every RNG state.
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -19,21 +20,64 @@ from mt.model import Transformer
 from mt.tokenizer import Vocabs
 
 FORMAT_VERSION = 1
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and what to do."""
 
 
-def save_atomic(obj: dict, path: Path) -> None:
-    """Write to a temporary file in the same directory, fsync, then rename: a kill mid-save leaves the old file."""
+def save_atomic(obj: dict, path: Path, keep_previous: bool = False) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename (and fsync the directory): a kill or a
+    full disk mid-save leaves the old file as it was. `keep_previous` first moves the old file to PREVIOUS_SUFFIX,
+    a fallback should the new one later be unreadable. A failed write removes its temporary file and raises a
+    CheckpointError naming the path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with open(tmp, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if keep_previous and path.is_file():
+            os.replace(path, previous(path))
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(
+            f"{path}: could not be written ({e.strerror or e}); free disk space or fix the directory, then run the "
+            "same command to resume from the previous checkpoint"
+        ) from None
+
+
+PREVIOUS_SUFFIX = ".prev"
+
+
+def previous(path: Path) -> Path:
+    return path.with_name(path.name + PREVIOUS_SUFFIX)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable: fsync the directory entry (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_orphans(run_dir: Path) -> list[Path]:
+    """Delete temporary files of saves that a killed process never finished; returns them."""
+    orphans = [p for p in run_dir.glob(".*.pt.tmp*") if p.is_file()]
+    for p in orphans:
+        p.unlink(missing_ok=True)
+    return orphans
 
 
 def rng_state() -> dict:
@@ -78,13 +122,20 @@ def resume_path(resume: str, run_dir: Path) -> Path | None:
     if resume != "auto":
         return Path(resume)
     last = run_dir / "checkpoint_last.pt"
-    return last if last.is_file() else None
+    return last if last.is_file() or previous(last).is_file() else None
 
 
 def restore_training(path: Path, model: Transformer, resumable: dict) -> dict:
     """Load a resumable checkpoint into `model` and the RESUMABLE objects, restore the RNGs; returns the
-    checkpoint (its progress counters)."""
-    ckpt = load(path)
+    checkpoint (its progress counters). An unreadable checkpoint falls back to the one it replaced
+    (`keep_previous`), with a warning naming both."""
+    try:
+        ckpt = load(path)
+    except CheckpointError as e:
+        if not previous(path).is_file():
+            raise
+        log.warning("%s; resuming from the checkpoint before it, %s", e, previous(path))
+        ckpt = load(previous(path))
     if ckpt["model_args"] != model.config_dict():
         raise CheckpointError(
             f"{path}: was trained with a different model or vocabulary; use a new run_dir or train.resume=never"

@@ -145,6 +145,7 @@ class Config:
 class TranslateConfig:
     checkpoint: str = MISSING  # a run dir (uses its best checkpoint) or a .pt file
     input: str = "-"  # a file, or - for stdin
+    input_errors: str = "strict"  # bytes that are not UTF-8: strict (a one-line error naming the line) | replace
     output: str = "-"  # a file, or - for stdout
     references: str | None = None  # a file, or a split name of the checkpoint's data config (e.g. test_2016_flickr)
     report_dir: str | None = None  # where report.json/md go; default: next to the output
@@ -169,6 +170,7 @@ def to_dataclass(cfg: DictConfig) -> Any:
     elif isinstance(obj, TranslateConfig):
         validate_decode(obj.decode)
         _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
+        _choice("input_errors", obj.input_errors, ("strict", "replace"))
     return obj
 
 
@@ -186,6 +188,39 @@ def validate(cfg: Config) -> None:
     _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "linear", "constant"))
     _choice("train.optimizer", cfg.train.optimizer, ("adam", "adamw"))
     _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
+    for key, value, low in (
+        ("data.max_len", cfg.data.max_len, 1),
+        ("data.max_ratio", cfg.data.max_ratio, 1.0),
+        ("tokenizer.vocab_size", cfg.tokenizer.vocab_size, 8),
+        ("model.d_model", cfg.model.d_model, 1),
+        ("model.n_heads", cfg.model.n_heads, 1),
+        ("model.d_ff", cfg.model.d_ff, 1),
+        ("model.encoder_layers", cfg.model.encoder_layers, 1),
+        ("model.decoder_layers", cfg.model.decoder_layers, 1),
+        ("model.max_positions", cfg.model.max_positions, 2),
+        ("train.max_tokens", cfg.train.max_tokens, 1),
+        ("train.max_epochs", cfg.train.max_epochs, 1),
+        ("train.max_updates", cfg.train.max_updates, 0),
+        ("train.max_time", cfg.train.max_time, 0.0),
+        ("train.lr", cfg.train.lr, 0.0),
+        ("train.warmup", cfg.train.warmup, 0),
+        ("train.clip_norm", cfg.train.clip_norm, 0.0),
+        ("train.log_every", cfg.train.log_every, 1),
+        ("train.valid_every", cfg.train.valid_every, 0),
+        ("train.keep_last", cfg.train.keep_last, 0),
+        ("train.average_last", cfg.train.average_last, 0),
+        ("train.max_nan_updates", cfg.train.max_nan_updates, 1),
+    ):
+        if value < low:
+            raise ConfigError(f"{key}={value} is below its minimum {low}; fix the override or config file")
+    for key, value in (
+        ("model.dropout", cfg.model.dropout),
+        ("model.attention_dropout", cfg.model.attention_dropout),
+        ("model.activation_dropout", cfg.model.activation_dropout),
+        ("train.label_smoothing", cfg.train.label_smoothing),
+    ):
+        if not 0.0 <= value < 1.0:
+            raise ConfigError(f"{key}={value} is a probability; use a value in [0, 1)")
     if cfg.data.src_lang == cfg.data.tgt_lang:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {cfg.data.src_lang!r}; pick two languages")
     if cfg.model.d_model % cfg.model.n_heads:
@@ -222,6 +257,16 @@ def validate_decode(cfg: DecodeConfig) -> None:
     """Search settings, shared by train.py (validation and test) and translate.py."""
     _choice("decode.length_penalty_type", cfg.length_penalty_type, ("gnmt", "average"))
     _choice("decode.quantize", cfg.quantize, ("none", "int8"))
+    for key, value, low in (
+        ("decode.max_tokens", cfg.max_tokens, 1),
+        ("decode.max_len_a", cfg.max_len_a, 0.0),
+        ("decode.max_len_b", cfg.max_len_b, 0),
+        ("decode.min_len", cfg.min_len, 0),
+    ):
+        if value < low:
+            raise ConfigError(f"{key}={value} is below its minimum {low}; fix the override or config file")
+    if cfg.max_len_a == 0 and cfg.max_len_b < 1:
+        raise ConfigError("decode.max_len_a=0 and decode.max_len_b=0 allow no output token; raise max_len_b")
     if cfg.beam_size < 1 or not 1 <= cfg.nbest <= cfg.beam_size:
         raise ConfigError(
             f"decode.beam_size={cfg.beam_size}, decode.nbest={cfg.nbest}: "

@@ -54,6 +54,17 @@ def read_lines(path: Path) -> Iterator[str]:
         raise DataError(f"{path}: not a readable gzip file ({e}); re-download or gunzip it") from None
 
 
+def read_bytes(path: Path) -> bytes:
+    """The whole content of a plain or gzipped file."""
+    try:
+        with _open_binary(path) as f:
+            return f.read()
+    except (gzip.BadGzipFile, EOFError) as e:
+        raise DataError(f"{path}: not a readable gzip file ({e}); re-download or gunzip it") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror}); check the path and its permissions") from None
+
+
 def _find(dir: Path, split: str, lang: str) -> Path:
     """`{dir}/{split}.{lang}`, or the same with `.gz`."""
     for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):

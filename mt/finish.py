@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 from mt import checkpoint, data
 from mt.evaluation import translate_ids, write_report
+from mt.inference import encode_within_positions
 from mt.plots import plot_curves
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def evaluate_splits(trainer, splits: list[str], tag: str) -> list[dict]:
     for split in splits:
         ds = data.drop_empty(data.load_split(cfg.data, split), f"{cfg.data.name}/{split}")
         start = time.perf_counter()
-        src_ids = vocabs.src.encode_batch(list(ds["src"]))
+        src_ids = encode_within_positions(vocabs, list(ds["src"]), trainer.model.cfg.max_positions - 1)
         hyps = translate_ids(trainer.model, src_ids, cfg.decode, trainer.device, trainer.amp)
         seconds = time.perf_counter() - start
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])

@@ -19,24 +19,45 @@ from mt.tokenizer import Vocabs
 log = logging.getLogger(__name__)
 
 
-def read_input(path: str) -> list[str]:
-    """Input lines from stdin or a file (plain or .gz; strict UTF-8, each stripped); errors name the bad line."""
+def read_input(path: str, errors: str = "strict") -> list[str]:
+    """Input lines from stdin or a file (plain or .gz), each stripped. Lines end at "\n" only (a "\r", U+2028 or
+    U+0085 inside a line stays in it). Bytes that are not UTF-8 stop with an error naming the line, or with
+    `errors="replace"` become U+FFFD with a warning."""
     if path != "-":
         if not Path(path).is_file():
-            raise data.DataError(f"input={path}: no such file")
-        return [line.strip() for line in data.read_lines(Path(path))]  # plain or .gz, strict UTF-8
-    lines = sys.stdin.buffer.read().split(b"\n")
+            raise data.DataError(f"input={path}: no such file; give an existing file or - for stdin")
+        raw, name = (data.read_bytes(Path(path))), path
+    else:
+        raw, name = sys.stdin.buffer.read(), "stdin"
+    lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    out = []
+    out, replaced = [], []
     for i, line in enumerate(lines, start=1):
         try:
             out.append(line.decode("utf-8").strip())
         except UnicodeDecodeError as e:
-            raise data.DataError(
-                f"stdin:{i}: bytes that are not UTF-8 ({e.reason}); re-encode the input as UTF-8"
-            ) from None
+            if errors != "replace":
+                raise data.DataError(
+                    f"{name}:{i}: bytes that are not UTF-8 ({e.reason}); re-encode the input as UTF-8 "
+                    "or set input_errors=replace"
+                ) from None
+            out.append(line.decode("utf-8", errors="replace").strip())
+            replaced.append(i)
+    if replaced:
+        log.warning("%s: %d lines had bytes that are not UTF-8, replaced by U+FFFD (first: line %d)", name,
+                    len(replaced), replaced[0])  # fmt: skip
     return out
+
+
+def open_output(path: str):
+    """The output stream, opened before decoding so that an unwritable path fails at once, not after the work."""
+    if path == "-":
+        return sys.stdout
+    try:
+        return open(path, "w", encoding="utf-8", newline="\n")
+    except OSError as e:
+        raise ConfigError(f"output={path}: cannot be written ({e.strerror}); give a writable path") from None
 
 
 def encode_within_positions(vocabs: Vocabs, lines: list[str], limit: int) -> list[list[int]]:
@@ -56,13 +77,11 @@ def output_lines(hyps: list[list[Hypothesis]], texts: list[str], vocabs: Vocabs,
     return [f"{i} ||| {vocabs.tgt.decode(h.tokens)} ||| {h.score:.4f}" for i, hs in enumerate(hyps) for h in hs]
 
 
-def write_output(path: str, lines: list[str]) -> None:
-    text = "".join(line + "\n" for line in lines)
-    if path == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        Path(path).write_text(text)
+def write_output(stream, lines: list[str]) -> None:
+    stream.write("".join(line + "\n" for line in lines))
+    stream.flush()
+    if stream is not sys.stdout:
+        stream.close()
 
 
 def read_references(spec: str, ckpt: dict, n: int) -> list[str]:

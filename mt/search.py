@@ -78,17 +78,18 @@ def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
 
 
 def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig) -> Tensor:
-    """Never <pad> or <s> (optionally <unk>), no </s> before `min_len`; at the length limit only </s>.
+    """Never <pad> or <s> (optionally <unk>), no </s> before `min_len`; at the length limit only </s> (even
+    before `min_len`).
     Works in place on logits or log-probabilities (N, V)."""
+    at_limit = max_len <= step + 1  # (N,) this step writes the last allowed position
+    eos = logp[at_limit, EOS].clone() if at_limit.any() else None
     logp[:, PAD] = -math.inf
     logp[:, BOS] = -math.inf
     if cfg.no_unk:
         logp[:, UNK] = -math.inf
     if step < cfg.min_len:
         logp[:, EOS] = -math.inf
-    at_limit = max_len <= step + 1  # (N,) this step writes the last allowed position
-    if at_limit.any():
-        eos = logp[at_limit, EOS].clone()
+    if eos is not None:  # the length cap wins over min_len: a hypothesis must end somewhere
         logp[at_limit] = -math.inf
         logp[at_limit, EOS] = eos
     return logp

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from mt import checkpoint, distributed, runtime
 from mt.batching import Batch
-from mt.config import Config, DecodeConfig, TrainConfig
+from mt.config import Config, ConfigError, DecodeConfig, TrainConfig
 from mt.corpus import Corpus, training_batches
 from mt.evaluation import validation_bleu, validation_loss
 from mt.metrics import MetricsLog, RunningSums
@@ -91,9 +91,16 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(enabled=self.amp == torch.float16)
         self.train_model = wrap_for_training(self.model, self.tc, self.world, self.device)
         self.sampler, self.loader, self.segments = training_batches(corpus, cfg, self.world, self.rank)
+        if n := self.sampler.oversized():
+            longest = int(max(self.sampler.src_lens.max(), self.sampler.tgt_lens.max()))
+            raise ConfigError(f"train.max_tokens={self.tc.max_tokens} is below the longest training pair ({longest} "
+                              f"tokens, {n} pairs over it); raise train.max_tokens or lower data.max_len")  # fmt: skip
         self.best, self.bad_validations, self.nan_in_a_row = -math.inf, 0, 0
         self.stop_reason: str | None = None
         self.metrics = MetricsLog(run_dir, enabled=self.rank == 0, tensorboard=self.tc.tensorboard)
+        if self.rank == 0 and (orphans := checkpoint.remove_orphans(run_dir)):
+            log.warning("removed %d unfinished checkpoint writes of a killed run: %s", len(orphans),
+                        ", ".join(p.name for p in orphans))  # fmt: skip
 
     # ---------------------------------------------------------------------------- one update
 
@@ -128,9 +135,15 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         if self.tc.clip_norm > 0:
             stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm))
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if scale is not None and self.scaler.get_scale() < scale:  # fp16: inf/NaN gradients, the step was skipped
+            log.warning("update %d: fp16 gradients overflowed; step skipped, loss scale now %g", self.update + 1,
+                        self.scaler.get_scale())  # fmt: skip
+            stats["skipped"] = True
+            return stats
         self.update += 1
         if self.tc.schedule == "linear" or self.tc.cooldown:  # only these read it (under DDP it costs an all_reduce)
             self.budget_used = distributed.all_max(self.budget.used(self.update), self.device)
@@ -194,8 +207,8 @@ class Trainer:
 
     def save(self, name: str, full: bool = True) -> Path:
         path = self.run_dir / name
-        if self.rank == 0:
-            checkpoint.save_atomic(self.state(full), path)
+        if self.rank == 0:  # the resumable checkpoint keeps its predecessor as a fallback
+            checkpoint.save_atomic(self.state(full), path, keep_previous=name == "checkpoint_last.pt")
         return path
 
     def resume(self) -> bool:
@@ -240,6 +253,8 @@ class Trainer:
                 self.sampler.set_lengths(*self.segments.resegment())
                 drawn_for = epoch
             self._train_epoch(epoch)
+            if self.sampler.position >= len(self.sampler):  # a stop on the epoch's last batch still ends the epoch
+                self.sampler.set_epoch(epoch + 1)
             if self.sampler.epoch != epoch:  # the epoch ran to its end
                 self._end_epoch(epoch)
         self.budget.bank()
