@@ -218,3 +218,14 @@ def test_int8_model_stays_close_to_fp32(trained_model):
                 assert hs[0].tokens != hs[1].tokens
             # Measured on the EPYC: at most 0.14 between int8 and fp32 best scores (greedy can only be worse).
             assert abs(hs[0].score - ref[0].score) < 0.5 or (len(hs) == 1 and hs[0].score < ref[0].score)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_min_len_beyond_the_length_cap_still_ends_every_hypothesis(trained_model, beam):
+    """decode.min_len forbids </s> for longer than the length cap allows: the cap wins, every sentence gets its
+    hypotheses at the cap's length (this crashed with an IndexError when no hypothesis could finish)."""
+    src, mask = padded_sources()
+    cfg = DecodeConfig(beam_size=beam, nbest=beam, min_len=100, max_len_a=0.0, max_len_b=5)
+    hyps = (greedy_search if beam == 1 else beam_search)(trained_model, src, mask, cfg)
+    assert [len(hs) for hs in hyps] == [beam] * len(src)
+    assert all(len(h.tokens) == 4 and math.isfinite(h.score) for hs in hyps for h in hs)  # 4 tokens + </s> = 5

@@ -417,3 +417,72 @@ def test_tensorboard_off_writes_no_event_files(toy_corpus, tmp_path):
     run = tmp_path / "run"
     make_trainer(toy_corpus, run, max_epochs=1, tensorboard=False).fit(job_start=0)
     assert (run / "metrics.jsonl").is_file() and not (run / "tb").exists()
+
+
+def test_failed_save_names_the_path_keeps_the_previous_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint_last.pt"
+    checkpoint.save_atomic({"format": 1, "model": {"w": torch.ones(2)}}, path)
+
+    def disk_full(obj, f):
+        f.write(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint_last\.pt: could not be written \(No space left"):
+        checkpoint.save_atomic({"format": 1, "model": {"w": torch.zeros(2)}}, path, keep_previous=True)
+    monkeypatch.undo()
+    assert torch.equal(checkpoint.load(path)["model"]["w"], torch.ones(2))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_last.pt"]
+
+
+def test_resume_falls_back_to_the_checkpoint_before_an_unreadable_last(toy_corpus, tmp_path, caplog):
+    run = tmp_path / "run"
+    first = make_trainer(toy_corpus, run, max_epochs=2)
+    first.fit(job_start=0)
+    per_epoch = first.update // 2
+    last = run / "checkpoint_last.pt"
+    assert checkpoint.load(checkpoint.previous(last))["update"] == per_epoch  # the end of epoch 1, kept
+    last.write_bytes(last.read_bytes()[:1000])  # truncated on disk
+    second = make_trainer(toy_corpus, run, max_epochs=3)
+    assert second.resume() and second.update == per_epoch and second.sampler.epoch == 1
+    assert "resuming from the checkpoint before it" in caplog.text and "checkpoint_last.pt.prev" in caplog.text
+
+
+def test_orphaned_temp_files_of_a_killed_save_are_removed(toy_corpus, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f".checkpoint_last.pt.tmp{os.getpid() + 1}").write_bytes(b"half a checkpoint")
+    make_trainer(toy_corpus, run, max_epochs=1)
+    assert not list(run.glob(".*tmp*"))
+
+
+def test_budget_stop_on_an_epochs_last_batch_ends_the_epoch(toy_corpus, tmp_path):
+    n = len(make_trainer(toy_corpus, tmp_path / "probe").sampler)  # updates in epoch 1
+    trainer = make_trainer(toy_corpus, tmp_path / "run", max_updates=n, keep_last=5)
+    assert trainer.fit(job_start=0) == "max_updates"
+    assert trainer.epochs_done == 1 and (tmp_path / "run" / "checkpoint1.pt").is_file()
+    assert checkpoint.load(tmp_path / "run" / "checkpoint_last.pt")["sampler"] == {"epoch": 1, "position": 0, "seed": 1}
+
+
+def test_an_fp16_step_skipped_by_the_grad_scaler_is_not_an_update(toy_corpus, tmp_path):
+    trainer = make_trainer(toy_corpus, tmp_path / "run")
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)  # what fp16 gets on CUDA
+    batch = next(iter(trainer.loader))
+    hook = trainer.model.output.weight.register_hook(lambda g: g.clone().fill_(float("inf")))
+    lr_before = trainer.scheduler.get_last_lr()
+    stats = trainer.train_step([batch])  # finite loss, overflowing gradients
+    assert stats["skipped"] and trainer.update == 0 and trainer.scheduler.get_last_lr() == lr_before
+    assert trainer.scaler.get_scale() == 2.0**15
+    hook.remove()
+    trainer.train_step([batch])
+    assert trainer.update == 1
+
+
+def test_test_report_truncates_lines_longer_than_the_model(toy_corpus, tmp_path):
+    for lang in ("xx", "yy"):
+        with open(toy_corpus / f"test.{lang}", "a") as f:
+            f.write(" ".join(["the big red house"] * 100) + "\n")  # 400 words, over max_positions 128
+    trainer = make_trainer(toy_corpus, tmp_path / "run", max_epochs=1)
+    trainer.fit(job_start=0)
+    report = finish(trainer)["reports"][0]
+    assert report["sentences"] == 21 and len((tmp_path / "run" / "test.hyp").read_text().splitlines()) == 21
