@@ -4,8 +4,14 @@ Data -> BPE -> model -> teacher-forced training with validation -> best/averaged
 Multi-GPU or multi-process CPU: `torchrun --nproc_per_node=N train.py ...`.
 """
 
-import logging
 import sys
+
+from mt.cli import check_command_line
+
+if __name__ == "__main__":  # a bad override answers before torch and datasets load
+    check_command_line("config")
+
+import logging
 import time
 from pathlib import Path
 
@@ -36,9 +42,7 @@ def main(dcfg: DictConfig) -> None:
             datasets.disable_progress_bars()
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         rank = distributed.init_distributed(cfg.train.device)
-        if rank == 0:
-            (run_dir / "config.resolved.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
-        else:
+        if rank != 0:
             logging.getLogger().setLevel(logging.WARNING)
         # Rank 0 trains the tokenizer and fills the datasets cache; the others then reuse both.
         if rank != 0:
@@ -47,7 +51,10 @@ def main(dcfg: DictConfig) -> None:
         if rank == 0:
             distributed.barrier()
         trainer = Trainer(cfg, corpus, run_dir)
-        reason = trainer.fit(job_start)
+        trainer.resume()
+        if rank == 0:  # written once the run dir's checkpoints are known to belong to this config
+            (run_dir / "config.resolved.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
+        reason = trainer.fit(job_start, resume=False)
         restore_signal_handlers()
         if reason in ("SIGINT", "SIGTERM"):
             log.warning(

@@ -8,8 +8,14 @@
 Only translations go to stdout; logs and the score go to stderr (and report.json/md with `references`).
 """
 
-import logging
 import sys
+
+from mt.cli import check_command_line
+
+if __name__ == "__main__":  # a bad override answers before torch loads
+    check_command_line("translate")
+
+import logging
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -56,6 +62,7 @@ def main(dcfg: DictConfig) -> None:
         device = pick_device(cfg.device)
         model.to(device).eval()
         lines = read_input(cfg.input, cfg.input_errors)
+        refs = read_references(cfg.references, ckpt, len(lines)) if cfg.references else None
         out = open_output(cfg.output)
         src_ids = encode_within_positions(vocabs, lines, model.cfg.max_positions - 1)
         start = time.perf_counter()
@@ -66,8 +73,7 @@ def main(dcfg: DictConfig) -> None:
         n_tokens = sum(len(h[0].tokens) for h in hyps)
         speed = {"sentences_per_s": len(lines) / seconds, "tokens_per_s": n_tokens / seconds}
         log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", len(lines), seconds, *speed.values())
-        if cfg.references:
-            refs = read_references(cfg.references, ckpt, len(lines))
+        if refs is not None:
             report_dir = Path(cfg.report_dir or (Path(cfg.output).parent if cfg.output != "-" else "."))
             r = write_report(
                 report_dir, "", lines, texts, refs, {**speed, "decode": asdict(d), "checkpoint": ckpt["path"]}

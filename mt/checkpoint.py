@@ -125,7 +125,7 @@ def resume_path(resume: str, run_dir: Path) -> Path | None:
     return last if last.is_file() or previous(last).is_file() else None
 
 
-def restore_training(path: Path, model: Transformer, resumable: dict) -> dict:
+def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: dict) -> dict:
     """Load a resumable checkpoint into `model` and the RESUMABLE objects, restore the RNGs; returns the
     checkpoint (its progress counters). An unreadable checkpoint falls back to the one it replaced
     (`keep_previous`), with a warning naming both."""
@@ -139,6 +139,14 @@ def restore_training(path: Path, model: Transformer, resumable: dict) -> dict:
     if ckpt["model_args"] != model.config_dict():
         raise CheckpointError(
             f"{path}: was trained with a different model or vocabulary; use a new run_dir or train.resume=never"
+        )
+    if ckpt.get("tokenizer_digest", [vocabs.src.digest(), vocabs.tgt.digest()]) != [
+        vocabs.src.digest(),
+        vocabs.tgt.digest(),
+    ]:
+        raise CheckpointError(
+            f"{path}: was trained with another tokenizer (same size, other merges); use a new run_dir or "
+            "train.resume=never, or the tokenizer it was trained with"
         )
     if "optimizer" not in ckpt:
         raise CheckpointError(f"{path}: holds weights only (no optimizer state); it cannot be resumed")

@@ -10,7 +10,7 @@ from pathlib import Path
 import datasets
 import torch.distributed as dist
 
-from mt import data
+from mt import checkpoint, data
 from mt.batching import BatchLoader, TokenBucketSampler
 from mt.config import Config
 from mt.tokenizer import Vocabs, build_vocabs, tokenize, with_bpe_dropout
@@ -30,7 +30,8 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
     dc = cfg.data
     log.info("data: %s", data.describe(dc))
     train = data.drop_empty(data.load_split(dc, dc.train_split), f"{dc.name}/{dc.train_split}")
-    vocabs = build_vocabs(cfg.tokenizer, train, run_dir)
+    resuming = checkpoint.resume_path(cfg.train.resume, run_dir) is not None
+    vocabs = build_vocabs(cfg.tokenizer, train, run_dir, resuming)
     max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
     train = data.filter_lengths(tokenize(train, vocabs), max_len, dc.max_ratio, f"{dc.name}/{dc.train_split}")
     valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")

@@ -140,8 +140,16 @@ def _meta_key(cfg: TokenizerConfig, train_fingerprint: str) -> str:
     return hashlib.sha256(json.dumps([asdict(cfg), train_fingerprint], sort_keys=True).encode()).hexdigest()[:16]
 
 
-def build_vocabs(cfg: TokenizerConfig, train: datasets.Dataset, run_dir: Path) -> Vocabs:
-    """Load `cfg.path`, or reuse the run dir's tokenizer if data and config are unchanged, or train a new one."""
+def load_run_vocabs(cfg: TokenizerConfig, run_dir: Path) -> Vocabs:
+    if cfg.joint:
+        vocab = Vocab.from_file(run_dir / "tokenizer.json")
+        return Vocabs(vocab, vocab)
+    return Vocabs(Vocab.from_file(run_dir / "tokenizer.src.json"), Vocab.from_file(run_dir / "tokenizer.tgt.json"))
+
+
+def build_vocabs(cfg: TokenizerConfig, train: datasets.Dataset, run_dir: Path, resuming: bool = False) -> Vocabs:
+    """Load `cfg.path`, or reuse the run dir's tokenizer if data and config are unchanged, or train a new one.
+    `resuming`: the run dir holds a run to continue, whose tokenizer must not be replaced by another."""
     if cfg.path:
         if not Path(cfg.path).is_file():
             raise TokenizerError(f"tokenizer.path={cfg.path}: no such file; train one by unsetting tokenizer.path")
@@ -151,15 +159,18 @@ def build_vocabs(cfg: TokenizerConfig, train: datasets.Dataset, run_dir: Path) -
     key = _meta_key(cfg, train._fingerprint)
     meta = run_dir / "tokenizer.meta.json"
     if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
-        if cfg.joint:
-            vocab = Vocab.from_file(run_dir / "tokenizer.json")
-            vocabs = Vocabs(vocab, vocab)
-        else:
-            vocabs = Vocabs(
-                Vocab.from_file(run_dir / "tokenizer.src.json"), Vocab.from_file(run_dir / "tokenizer.tgt.json")
-            )
         log.info("tokenizer: reusing %s (data and tokenizer config unchanged)", run_dir)
-        return vocabs
+        return load_run_vocabs(cfg, run_dir)
+    if resuming and meta.is_file():  # the run's tokenizer stays: its checkpoint was trained with those ids
+        saved = json.loads(meta.read_text()).get("config", {})
+        changed = sorted(k for k, v in asdict(cfg).items() if saved.get(k) != v)
+        if changed:
+            raise TokenizerError(
+                f"{meta}: the run in {run_dir} was trained with tokenizer.{changed[0]}={saved.get(changed[0])}; "
+                "use a new run_dir, or train.resume=never to start over in this one"
+            )
+        log.warning("tokenizer: the corpus changed or moved since %s was trained; resuming keeps it", run_dir)
+        return load_run_vocabs(cfg, run_dir)
     if cfg.joint:
         vocab = train_vocab(cfg, train, ("src", "tgt"))
         vocabs = Vocabs(vocab, vocab)

@@ -216,7 +216,7 @@ class Trainer:
         path = checkpoint.resume_path(self.tc.resume, self.run_dir)
         if path is None:
             return False
-        ckpt = checkpoint.restore_training(path, self.model, self._resumable())
+        ckpt = checkpoint.restore_training(path, self.model, self.corpus.vocabs, self._resumable())
         self.update, self.epochs_done, self.best = ckpt["update"], ckpt["epochs_done"], ckpt["best"]
         self.budget.elapsed, self.bad_validations = ckpt["elapsed"], ckpt["bad_validations"]
         where = f"epoch {self.sampler.epoch + 1}, batch {self.sampler.position}"
@@ -235,9 +235,11 @@ class Trainer:
         self.stop_reason = distributed.agree_on_stop(self.stop_reason, self.device)
         return self.stop_reason is not None
 
-    def fit(self, job_start: float) -> str:
-        """Train until max_epochs/max_updates/max_time/patience or a signal. Returns why it stopped."""
-        self.resume()
+    def fit(self, job_start: float, resume: bool = True) -> str:
+        """Train until max_epochs/max_updates/max_time/patience or a signal. Returns why it stopped.
+        `resume=False` when the caller has already called `resume()`."""
+        if resume:
+            self.resume()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         self.budget.clock_start = job_start

@@ -39,16 +39,21 @@ def multi30k_subset(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture
-def toy_corpus(tmp_path) -> Path:
+def write_toy_corpus(out: Path) -> Path:
     """A made-up parallel corpus: 'xx' sentences and their reversed-word 'yy' translations."""
     rng = random.Random(0)
     words = "the a cat dog sees runs big small red house tree and".split()
+    out.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", 200), ("valid", 20), ("test", 20)):
         src = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) for _ in range(n)]
-        (tmp_path / f"{split}.xx").write_text("\n".join(src) + "\n")
-        (tmp_path / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
-    return tmp_path
+        (out / f"{split}.xx").write_text("\n".join(src) + "\n")
+        (out / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+    return out
+
+
+@pytest.fixture
+def toy_corpus(tmp_path) -> Path:
+    return write_toy_corpus(tmp_path)
 
 
 def tiny_model_config(**overrides) -> ModelConfig:

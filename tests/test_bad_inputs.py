@@ -1,0 +1,258 @@
+"""A catalogue of bad inputs, one row each: data, config, checkpoints and translate.py's files.
+
+Every row runs the real entry point in a subprocess against a run dir that already holds a finished run, and
+expects exit code 2, exactly one `error:` line on stderr that names the file, line or key (the other stderr lines
+are the run's own log records), no traceback, and every file of the earlier run unchanged. Hydra rewrites its
+record of the latest command (`.hydra/`) and appends to its log (`train.log`): those two are not compared.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, write_toy_corpus
+
+
+def run(args: list[str], stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+    data = stdin.encode() if isinstance(stdin, str) else stdin
+    return subprocess.run([sys.executable, *args], cwd=ROOT, input=data, capture_output=True, timeout=300, env=env)
+
+
+def train_args(corpus: Path, run_dir: Path) -> list[str]:
+    return [
+        "train.py",
+        "data=local",
+        f"data.dir={corpus}",
+        "data.src_lang=xx",
+        "data.tgt_lang=yy",
+        "model=transformer_tiny",
+        "tokenizer.vocab_size=60",
+        "tokenizer.min_frequency=1",
+        "train.max_epochs=1",
+        "train.max_tokens=300",
+        "train.progress=false",
+        "train.device=cpu",
+        "train.tensorboard=false",
+        "decode=greedy",
+        f"run_dir={run_dir}",
+    ]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> tuple[Path, Path]:
+    """(corpus, run dir) of a finished one-epoch training run, made by train.py."""
+    root = tmp_path_factory.mktemp("finished")
+    corpus, run_dir = write_toy_corpus(root / "corpus"), root / "run"
+    p = run(train_args(corpus, run_dir))
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    return corpus, run_dir
+
+
+def snapshot(run_dir: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(run_dir)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in run_dir.rglob("*")
+        if p.is_file() and ".hydra" not in p.parts and p.suffix != ".log"
+    }
+
+
+# ---------------------------------------------------------------------------- the rows
+# Each row: (id, entry point, setup(corpus, run_dir, tmp) -> (extra args, stdin), what the error line must contain).
+# `corpus` is a private copy of the toy corpus that a row may break.
+
+
+def write(path: Path, text: str | bytes) -> Path:
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return path
+
+
+def lines_of(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def _mismatched(c, r, t):
+    write(c / "train.yy", "\n".join(lines_of(c / "train.yy")[:-3]) + "\n")
+    return [], None
+
+
+def _not_utf8(c, r, t):
+    lines = (c / "train.xx").read_bytes().split(b"\n")
+    lines[2] = b"caf\xe9 au lait"
+    write(c / "train.xx", b"\n".join(lines))
+    return [], None
+
+
+def _truncated_gzip(c, r, t):
+    for lang in ("xx", "yy"):
+        blob = gzip.compress((c / f"train.{lang}").read_bytes())
+        write(c / f"train.{lang}.gz", blob[: len(blob) // 2])
+        (c / f"train.{lang}").unlink()
+    return [], None
+
+
+def _empty(c, r, t):
+    write(c / "train.xx", "\n\n")
+    write(c / "train.yy", "\n\n")
+    return [], None
+
+
+def _missing_split(c, r, t):
+    (c / "valid.yy").unlink()
+    return [], None
+
+
+def _dangling(c, r, t):
+    (c / "train.yy").unlink()
+    (c / "train.yy").symlink_to(t / "gone.yy")
+    return [], None
+
+
+def _tsv(c, r, t):
+    pairs = zip(lines_of(c / "train.xx"), lines_of(c / "train.yy"))
+    body = [f"{s}\t{x}" for s, x in pairs]
+    body[4] = body[4].split("\t")[0]  # one column only
+    write(c / "train.tsv", "\n".join(body) + "\n")
+    return ["data.format=tsv", "data.columns=[xx,yy]"], None
+
+
+def _jsonl(bad: str):
+    def setup(c, r, t):
+        for split in ("train", "valid", "test"):
+            rows = [
+                json.dumps({"xx": s, "yy": x}) for s, x in zip(lines_of(c / f"{split}.xx"), lines_of(c / f"{split}.yy"))
+            ]
+            if split == "train":
+                rows[6] = bad
+            write(c / f"{split}.jsonl", "\n".join(rows) + "\n")
+        return ["data.format=jsonl"], None
+
+    return setup
+
+
+def _args(*args):
+    return lambda c, r, t: (list(args), None)
+
+
+def _other_format(c, r, t):
+    torch.save({"weights": torch.ones(2)}, t / "other.pt")
+    return [f"checkpoint={t / 'other.pt'}"], "a dog\n"
+
+
+def _truncated_ckpt(c, r, t):
+    src = (r / "checkpoint_final.pt").read_bytes()
+    write(t / "cut.pt", src[: len(src) // 3])
+    return [f"checkpoint={t / 'cut.pt'}"], "a dog\n"
+
+
+def _not_a_pickle(c, r, t):
+    write(t / "random.pt", os.urandom(4096))
+    return [f"checkpoint={t / 'random.pt'}"], "a dog\n"
+
+
+def _other_tokenizer(c, r, t):
+    # a tokenizer trained on other text: resuming the run with it would feed the model other token ids
+    import datasets
+
+    from mt.config import TokenizerConfig
+    from mt.tokenizer import build_vocabs
+
+    words = [" ".join(w[::-1] for w in line.split()) for line in lines_of(c / "train.xx")]
+    build_vocabs(
+        TokenizerConfig(vocab_size=60, min_frequency=1), datasets.Dataset.from_dict({"src": words, "tgt": words}), t
+    )
+    return [f"tokenizer.path={t / 'tokenizer.json'}"], None
+
+
+def _references(c, r, t):
+    write(t / "refs.yy", "one\ntwo\nthree\n")
+    return [f"checkpoint={r}", f"references={t / 'refs.yy'}"], "a dog\nthe cat\n"
+
+
+CK = "checkpoint={run}"  # replaced by the finished run dir
+
+ROWS = [
+    # data
+    ("data_dir_missing", "train", _args("data.dir=/nonexistent/corpus"), "/nonexistent/corpus' is not a directory"),
+    ("split_missing", "train", _missing_split, "valid.yy"),
+    ("file_unreadable", "train", _dangling, "train.yy"),
+    ("line_counts_differ", "train", _mismatched, "train"),
+    ("not_utf8", "train", _not_utf8, "train.xx:3: bytes that are not UTF-8"),
+    ("gzip_truncated", "train", _truncated_gzip, "train.xx.gz: not a readable gzip file"),
+    ("corpus_empty", "train", _empty, "no non-empty sentence pairs"),
+    ("tsv_wrong_columns", "train", _tsv, "train.tsv:5: 1 tab-separated field(s)"),
+    ("jsonl_not_json", "train", _jsonl("{not json"), "train.jsonl:7: not valid JSON"),
+    ("jsonl_lacks_language", "train", _jsonl('{"xx": "a dog"}'), "train.jsonl:7: no 'xx' and 'yy' keys"),
+    ("language_unknown", "train", _args("data.src_lang=fr"), "train.fr"),
+    ("same_languages", "train", _args("data.tgt_lang=xx"), "data.src_lang and data.tgt_lang"),
+    # config
+    ("override_misspelt", "train", _args("train.max_epoch=3"), "train.max_epoch"),
+    ("override_ill_typed", "train", _args("train.max_epochs=many"), "train.max_epochs=many"),
+    ("override_unknown_key", "train", _args("+trian.lr=1"), "trian"),
+    ("group_option_unknown", "train", _args("model=transformer_huge"), "model/transformer_huge"),
+    ("choice_unknown", "train", _args("train.schedule=cosine"), "train.schedule='cosine'"),
+    ("size_negative", "train", _args("train.max_tokens=-5"), "train.max_tokens=-5"),
+    ("heads_do_not_divide", "train", _args("model.d_model=30", "model.n_heads=4"), "model.d_model=30"),
+    ("probability_out_of_range", "train", _args("model.dropout=1.5"), "model.dropout=1.5"),
+    ("beam_size_zero", "train", _args("decode.beam_size=0"), "decode.beam_size=0"),
+    ("nbest_above_beam", "translate", _args(CK, "decode.beam_size=2", "decode.nbest=3"), "decode.nbest=3"),
+    ("max_tokens_below_longest", "train", _args("train.max_tokens=5"), "train.max_tokens=5"),
+    (
+        "resume_other_tokenizer_config",
+        "train",
+        _args("tokenizer.vocab_size=50"),
+        "trained with tokenizer.vocab_size=60",
+    ),
+    # checkpoints
+    ("resume_other_model", "train", _args("model.d_ff=128"), "checkpoint_last.pt: was trained with a different model"),
+    ("resume_other_tokenizer", "train", _other_tokenizer, "checkpoint_last.pt: was trained with"),
+    ("checkpoint_missing", "translate", _args("checkpoint=/nonexistent/model.pt"), "/nonexistent/model.pt"),
+    ("checkpoint_not_given", "translate", _args(), "checkpoint is required"),
+    ("checkpoint_other_format", "translate", _other_format, "other.pt: not a checkpoint of this toolkit"),
+    ("checkpoint_truncated", "translate", _truncated_ckpt, "cut.pt: not a readable checkpoint"),
+    ("checkpoint_not_a_pickle", "translate", _not_a_pickle, "random.pt: not a readable checkpoint"),
+    # translate.py's files
+    ("input_missing", "translate", _args(CK, "input=/nonexistent/in.txt"), "input=/nonexistent/in.txt"),
+    ("input_not_utf8", "translate", lambda c, r, t: ([f"checkpoint={r}"], b"a dog\n\xff\xfe\n"), "stdin:2"),
+    ("output_unwritable", "translate", _args(CK, "output=/nonexistent/dir/out.txt"), "output=/nonexistent/dir"),
+    ("references_line_count", "translate", _references, "refs.yy has 3 lines but the input has 2"),
+    ("references_split_unknown", "translate", _args(CK, "references=no_such_split"), "references=no_such_split"),
+]
+
+
+@pytest.mark.parametrize("name, entry, setup, expected", ROWS, ids=[r[0] for r in ROWS])
+def test_bad_input_is_one_line_exit_2_and_destroys_nothing(finished, tmp_path, name, entry, setup, expected):
+    corpus0, run0 = finished
+    corpus, run_dir = tmp_path / "corpus", tmp_path / "run"
+    shutil.copytree(corpus0, corpus)
+    shutil.copytree(run0, run_dir)
+    before = snapshot(run_dir)
+    extra, stdin = setup(corpus, run_dir, tmp_path)
+    extra = [a.replace(CK, f"checkpoint={run_dir}") for a in extra]
+    if entry == "train":
+        args = train_args(corpus, run_dir) + extra
+    else:
+        args = ["translate.py", *extra]
+        stdin = "a dog\n" if stdin is None else stdin
+    p = run(args, stdin)
+    err = p.stderr.decode("utf-8", errors="replace")
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert p.returncode == 2, err[-2000:]
+    assert len(errors) == 1 and expected in errors[0], err[-2000:]
+    assert "Traceback" not in err and p.stdout == b""
+    after = snapshot(run_dir)
+    assert {k: v for k, v in after.items() if k in before} == before  # every earlier file as it was
+
+
+def test_the_catalogue_covers_25_kinds():
+    assert len(ROWS) >= 25 and len({r[0] for r in ROWS}) == len(ROWS)
