@@ -27,15 +27,15 @@ from omegaconf import DictConfig
 from mt import checkpoint
 from mt.config import TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.evaluation import translate_ids, write_report
+from mt.evaluation import write_report
 from mt.inference import (
-    encode_within_positions,
     open_output,
     output_lines,
     plot_first_line,
     read_input,
     read_references,
     run_decode_settings,
+    translate_lines,
     write_output,
 )
 from mt.runtime import keep_freed_memory_in_the_heap, pick_autocast, pick_device
@@ -64,11 +64,9 @@ def main(dcfg: DictConfig) -> None:
         lines = read_input(cfg.input, cfg.input_errors)
         refs = read_references(cfg.references, ckpt, len(lines)) if cfg.references else None
         out = open_output(cfg.output)
-        src_ids = encode_within_positions(vocabs, lines, model.cfg.max_positions - 1)
         start = time.perf_counter()
-        hyps = translate_ids(model, src_ids, d, device, pick_autocast(cfg.precision, device))
+        src_ids, hyps, texts = translate_lines(model, vocabs, lines, d, device, pick_autocast(cfg.precision, device))
         seconds = max(time.perf_counter() - start, 1e-9)
-        texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
         write_output(out, output_lines(hyps, texts, vocabs, d.nbest))
         n_tokens = sum(len(h[0].tokens) for h in hyps)
         speed = {"sentences_per_s": len(lines) / seconds, "tokens_per_s": n_tokens / seconds}

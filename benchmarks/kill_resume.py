@@ -27,16 +27,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# (what to wait for on the child's stderr, delay range in seconds after it): one kill per entry, in turn.
+# (what to wait for on the child's stderr, its n-th occurrence in that run, delay range in seconds after it, phase):
+# one kill per entry, in turn. Each epoch end logs "validation at update" and writes three checkpoints (best,
+# epoch, last), so counting markers aims the kills at later epochs of the resumed runs too.
 TARGETS = [
-    ("data: ", (0.0, 0.3), "data preparation"),
-    ("tokenizer: trained", (0.0, 0.05), "after BPE training"),
-    ("batches per epoch", (0.1, 0.8), "mid-epoch"),
-    ("HARNESS validate", (0.05, 0.25), "during validation"),
-    ("HARNESS save", (0.05, 0.25), "during a checkpoint write"),
-    ("batches per epoch", (0.5, 2.5), "mid-epoch, later"),
-    ("HARNESS save", (0.0, 0.1), "during a checkpoint write"),
-    ("training stopped", (0.0, 0.4), "averaging / test report"),
+    ("data: ", 1, (0.0, 0.6), "data preparation (reading, BPE, tokenizing)"),
+    ("validation at update", 1, (1.0, 1.5), "mid-epoch, after an epoch end"),
+    ("HARNESS validate", 2, (0.05, 0.25), "during validation"),
+    ("HARNESS save", 3, (0.05, 0.25), "during a checkpoint write (checkpoint_last)"),
+    ("data: ", 1, (0.0, 0.3), "data preparation (from the cache)"),
+    ("resumed from", 1, (0.1, 0.5), "mid-epoch, just after resuming"),
+    ("HARNESS save", 5, (0.0, 0.1), "during a checkpoint write (an epoch checkpoint)"),
+    ("HARNESS validate", 1, (0.0, 0.2), "during validation"),
+    ("training stopped", 1, (0.0, 0.4), "averaging / test report"),
 ]
 
 
@@ -49,7 +52,7 @@ def train_args(corpus: Path, run_dir: Path) -> list[str]:
         "model=transformer_tiny",
         "tokenizer.vocab_size=60",
         "tokenizer.min_frequency=1",
-        "train.max_epochs=4",
+        "train.max_epochs=8",
         "train.max_tokens=300",
         "train.keep_last=3",
         "train.average_last=2",
@@ -93,16 +96,18 @@ def launch(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
 
 
-def run_and_kill(args: list[str], wait_for: str, delay: float, log: list[str]) -> tuple[bool, str]:
-    """Start the command, SIGKILL it `delay` s after `wait_for` appears on its stderr. Returns (killed, last line)."""
+def run_and_kill(args: list[str], wait_for: str, nth: int, delay: float, log: list[str]) -> tuple[bool, str]:
+    """Start the command, SIGKILL it `delay` s after the `nth` line with `wait_for` on its stderr. Returns (killed,
+    its last line)."""
     proc, seen = launch(args), threading.Event()
-    last = [""]
+    last, count = [""], [0]
 
     def read():
         for line in proc.stderr:
             log.append(line)
             last[0] = line.strip()
-            if wait_for in line:
+            count[0] += wait_for in line
+            if count[0] >= nth:
                 seen.set()
 
     reader = threading.Thread(target=read, daemon=True)
@@ -126,16 +131,22 @@ def run_to_end(args: list[str], log: list[str]) -> int:
     return proc.returncode
 
 
-def final_weights(run_dir: Path) -> dict:
+def weights(path: Path) -> dict:
     import torch
 
-    return torch.load(run_dir / "checkpoint_final.pt", map_location="cpu", weights_only=False)["model"]
+    return torch.load(path, map_location="cpu", weights_only=False)["model"]
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    import torch
+
+    wa, wb = weights(a), weights(b)
+    return wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
 def campaign(workdir: Path, kills: int, seed: int, verbose: bool = True) -> dict:
-    """Returns {"kills": done, "phases": [...], "reruns": n, "bitwise_equal": bool, "hyps_equal": bool}."""
-    import torch
-
+    """Kill, re-run until finished, compare with an uninterrupted run: {"kills", "phases", "reruns", "resumes",
+    "bitwise_equal", "hyps_equal", "orphans"}."""
     from tests.conftest import write_toy_corpus
 
     rng = random.Random(seed)
@@ -146,8 +157,8 @@ def campaign(workdir: Path, kills: int, seed: int, verbose: bool = True) -> dict
         raise RuntimeError("the uninterrupted run failed:\n" + "".join(log[-1:])[-3000:])
     args, phases = train_args(corpus, killed_dir), []
     for i in range(kills):
-        wait_for, (lo, hi), phase = TARGETS[i % len(TARGETS)]
-        killed, last = run_and_kill(args, wait_for, rng.uniform(lo, hi), log)
+        wait_for, nth, (lo, hi), phase = TARGETS[i % len(TARGETS)]
+        killed, last = run_and_kill(args, wait_for, nth, rng.uniform(lo, hi), log)
         phases.append((phase, killed, last))
         if verbose:
             print(f"kill {i + 1}: {phase}: {'SIGKILL' if killed else 'finished first'}; last line: {last[:110]}")
@@ -159,13 +170,15 @@ def campaign(workdir: Path, kills: int, seed: int, verbose: bool = True) -> dict
         rc = run_to_end(args, log)
         if rc != 0 or reruns > 5:
             raise RuntimeError(f"re-run {reruns} exited {rc}:\n" + log[-1][-3000:])
-    a, b = final_weights(straight), final_weights(killed_dir)
-    equal = a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # The weights at the end of training, every kept epoch checkpoint, and the final (best or averaged) ones.
+    names = ["checkpoint_last.pt", "checkpoint_final.pt"] + [p.name for p in straight.glob("checkpoint[0-9]*.pt")]
+    equal = all((killed_dir / n).is_file() and same_weights(straight / n, killed_dir / n) for n in names)
     hyps = (straight / "test.hyp").read_text() == (killed_dir / "test.hyp").read_text()
     orphans = [p.name for p in killed_dir.glob(".*tmp*")]
     done = sum(k for _, k, _ in phases)
-    return {"kills": done, "phases": phases, "reruns": reruns, "bitwise_equal": equal, "hyps_equal": hyps,
-            "orphans": orphans}  # fmt: skip
+    resumes = sum("resumed from" in line for line in log)
+    return {"kills": done, "phases": phases, "reruns": reruns, "resumes": resumes, "bitwise_equal": equal,
+            "hyps_equal": hyps, "orphans": orphans}  # fmt: skip
 
 
 def main() -> None:
@@ -184,9 +197,9 @@ def main() -> None:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{r['kills']} kills survived, {r['reruns']} re-run(s) to finish, final weights bitwise equal to the "
-          f"uninterrupted run: {r['bitwise_equal']}, test translations equal: {r['hyps_equal']}, "
-          f"orphaned temp files: {len(r['orphans'])} ({time.time() - start:.0f} s)")  # fmt: skip
+    print(f"{r['kills']} kills survived, {r['resumes']} resumes, {r['reruns']} re-run(s) to finish; weights "
+          f"bitwise equal to the uninterrupted run's (last, epoch and final checkpoints): {r['bitwise_equal']}; test translations equal: "
+          f"{r['hyps_equal']}; orphaned temp files: {len(r['orphans'])} ({time.time() - start:.0f} s)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ class Dropout(nn.Dropout):
         if not self.training or self.p == 0 or x.device.type != "cpu":
             return super().forward(x)
         threshold = round(self.p * 256)
+        if threshold in (0, 256):  # p within 1/512 of 0 or 1: eight bits cannot express it, the exact kernel can
+            return super().forward(x)
         n_words = -(-x.numel() // 8)
         bits = torch.empty(n_words, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
         drop = bits.view(torch.uint8)[: x.numel()].view(x.shape) < threshold

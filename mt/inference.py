@@ -12,6 +12,7 @@ import torch
 
 from mt import data
 from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig
+from mt.evaluation import translate_ids
 from mt.plots import cross_attention, plot_attention
 from mt.search import Hypothesis
 from mt.tokenizer import Vocabs
@@ -20,15 +21,18 @@ log = logging.getLogger(__name__)
 
 
 def read_input(path: str, errors: str = "strict") -> list[str]:
-    """Input lines from stdin or a file (plain or .gz), each stripped. Lines end at "\n" only (a "\r", U+2028 or
-    U+0085 inside a line stays in it). Bytes that are not UTF-8 stop with an error naming the line, or with
-    `errors="replace"` become U+FFFD with a warning."""
-    if path != "-":
-        if not Path(path).is_file():
-            raise data.DataError(f"input={path}: no such file; give an existing file or - for stdin")
-        raw, name = (data.read_bytes(Path(path))), path
-    else:
-        raw, name = sys.stdin.buffer.read(), "stdin"
+    """Input lines from stdin or a file (plain or .gz); see `split_lines`."""
+    if path == "-":
+        return split_lines(sys.stdin.buffer.read(), "stdin", errors)
+    if not Path(path).is_file():
+        raise data.DataError(f"input={path}: no such file; give an existing file or - for stdin")
+    return split_lines(data.read_bytes(Path(path)), path, errors)
+
+
+def split_lines(raw: bytes, name: str, errors: str = "strict") -> list[str]:
+    """Lines of `raw`, each stripped. Lines end at "\n" only (a "\r", U+2028 or U+0085 inside a line stays in it,
+    so there is one output line per input line). Bytes that are not UTF-8 stop with an error naming the line, or
+    with `errors="replace"` become U+FFFD with a warning."""
     lines = raw.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
@@ -68,6 +72,13 @@ def encode_within_positions(vocabs: Vocabs, lines: list[str], limit: int) -> lis
             log.warning("line %d: %d tokens, truncated to the model's %d", i + 1, len(ids), limit)
             src_ids[i] = ids[:limit]
     return src_ids
+
+
+def translate_lines(model, vocabs: Vocabs, lines: list[str], cfg: DecodeConfig, device, amp):
+    """Raw lines -> (source ids, hypotheses, detokenized best translations), in input order, one per line."""
+    src_ids = encode_within_positions(vocabs, lines, model.cfg.max_positions - 1)
+    hyps = translate_ids(model, src_ids, cfg, device, amp)
+    return src_ids, hyps, vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
 
 
 def output_lines(hyps: list[list[Hypothesis]], texts: list[str], vocabs: Vocabs, nbest: int) -> list[str]:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -277,7 +278,10 @@ def test_sigterm_saves_and_the_same_command_resumes(multi30k_subset, tmp_path):
     assert proc.returncode == 143 and "checkpoint saved" in err and "run the same command to resume" in err
     assert (tmp_path / "checkpoint_last.pt").is_file()
     p = run([*args[1:6], "train.max_epochs=1", "train.progress=false"], check=True)
-    assert "resumed from" in p.stderr
+    resumed_at = int(re.search(r"resumed from \S+ at update (\d+)", p.stderr).group(1))
+    stopped_after = int(re.search(r"training stopped \(max_epochs\) after (\d+) updates", p.stderr).group(1))
+    per_epoch = int(re.search(r"(\d+) batches per epoch", p.stderr).group(1))
+    assert 3 <= resumed_at < stopped_after == per_epoch  # the resumed run trained the rest of epoch 1
 
 
 def test_translate_decodes_with_the_runs_settings_unless_overridden():

@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from mt.config import Config, ConfigError, register_configs, to_dataclass
@@ -34,12 +35,57 @@ def test_every_group_option_composes(group, option):
         overrides += ["model.tie_embeddings=decoder"]
     cfg = to_dataclass(compose_train(overrides))
     assert isinstance(cfg, Config)
+    # every value the option's file sets is what the run gets
+    chosen = getattr(cfg, group)
+    for key, value in yaml_values(Path(CONF) / group / f"{option}.yaml").items():
+        if value != "???":
+            assert getattr(chosen, key) == value, f"{group}={option}: {key}"
+
+
+def yaml_values(path: Path) -> dict:
+    """The keys a config file sets (without its defaults list), as plain values."""
+    d = OmegaConf.to_container(OmegaConf.load(path))
+    d.pop("defaults", None)
+    return d
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) and k != "hub_splits" else {f"{prefix}{k}": v})
+    return out
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes(experiment):
     cfg = to_dataclass(compose_train([f"+experiment={experiment}"]))
     assert isinstance(cfg, Config)
+    raw = OmegaConf.to_container(OmegaConf.load(Path(CONF) / "experiment" / f"{experiment}.yaml"))
+    # the groups it selects ("override /model: transformer_compact") are the ones the run gets...
+    for entry in raw.get("defaults", []):
+        ((key, option),) = entry.items()
+        group = key.removeprefix("override /")
+        expected = yaml_values(Path(CONF) / group / f"{option}.yaml")
+        if "name" in expected:
+            assert getattr(cfg, group).name == expected["name"], f"{experiment}: {group}"
+    # ...and so is every value it sets (the recipe's lr, schedule, dropout, beam, ...)
+    for path, value in flatten(yaml_values(Path(CONF) / "experiment" / f"{experiment}.yaml")).items():
+        obj = cfg
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        assert obj == value, f"{experiment}: {path}"
+
+
+def test_the_en_de_recipe_is_what_the_readme_says():
+    cfg = to_dataclass(compose_train(["+experiment=multi30k_en_de"]))
+    assert (cfg.model.name, cfg.model.d_model, cfg.model.norm, cfg.model.dropout) == (
+        "transformer_compact",
+        128,
+        "pre",
+        0.2,
+    )
+    assert (cfg.train.schedule, cfg.train.lr, cfg.train.cooldown, cfg.train.max_time) == ("constant", 2e-3, 0.2, 56)
+    assert (cfg.tokenizer.vocab_size, cfg.decode.beam_size, cfg.decode.length_penalty) == (8000, 5, 1.5)
 
 
 def test_translate_config_composes():

@@ -16,7 +16,6 @@ from mt import checkpoint
 from mt.config import Config, DataConfig, DecodeConfig, TokenizerConfig, TrainConfig
 from mt.corpus import prepare_data
 from mt.finish import finish
-from mt.runtime import keep_freed_memory_in_the_heap
 from mt.training import Trainer, TrainingError
 from tests.conftest import tiny_model_config
 
@@ -252,9 +251,35 @@ def test_average_command(toy_corpus, tmp_path):
         checkpoint.main([str(run), "--average-last", "9"])
 
 
+MMAPPED_BY_A_TENSOR = """
+import ctypes, sys, torch
+from mt.runtime import keep_freed_memory_in_the_heap
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = Mallinfo2
+if sys.argv[1] == "project":
+    assert keep_freed_memory_in_the_heap()
+before = libc.mallinfo2().hblkhd
+x = torch.empty((6 << 20) // 4)  # a 6 MiB activation
+print(libc.mallinfo2().hblkhd - before)  # bytes glibc mapped for it with mmap (unmapped again on free)
+"""
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
-def test_malloc_thresholds_are_accepted_on_glibc():
-    assert keep_freed_memory_in_the_heap()  # every mallopt call returned 1 (an out-of-range value returns 0)
+def test_freed_activations_stay_in_the_heap():
+    """With glibc's defaults a 6 MiB tensor is its own mmap, unmapped on free and faulted in (and zeroed) again by
+    the next step; after `keep_freed_memory_in_the_heap()` it comes from the heap, where freed blocks are reused."""
+    import subprocess
+
+    def mmapped(mode: str) -> int:
+        p = subprocess.run([sys.executable, "-c", MMAPPED_BY_A_TENSOR, mode], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        return int(p.stdout)
+
+    assert mmapped("glibc") >= 6 << 20
+    assert mmapped("project") == 0
 
 
 def on_two_ranks(target, *args) -> dict:
@@ -486,3 +511,10 @@ def test_test_report_truncates_lines_longer_than_the_model(toy_corpus, tmp_path)
     trainer.fit(job_start=0)
     report = finish(trainer)["reports"][0]
     assert report["sentences"] == 21 and len((tmp_path / "run" / "test.hyp").read_text().splitlines()) == 21
+
+
+def test_progress_bar_shows_only_when_asked(toy_corpus, tmp_path, capsys):
+    make_trainer(toy_corpus, tmp_path / "a", max_epochs=1, progress=True).fit(job_start=0)
+    assert "epoch 1" in capsys.readouterr().err  # the tqdm bar, on stderr
+    make_trainer(toy_corpus, tmp_path / "b", max_epochs=1, progress=False).fit(job_start=0)
+    assert "epoch 1" not in capsys.readouterr().err
