@@ -197,9 +197,11 @@ def main() -> None:
     finally:
         if args.workdir is None:
             shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{r['kills']} kills survived, {r['resumes']} resumes, {r['reruns']} re-run(s) to finish; weights "
-          f"bitwise equal to the uninterrupted run's (last, epoch and final checkpoints): {r['bitwise_equal']}; test translations equal: "
-          f"{r['hyps_equal']}; orphaned temp files: {len(r['orphans'])} ({time.time() - start:.0f} s)")  # fmt: skip
+    print(
+        f"{r['kills']} kills survived, {r['resumes']} resumes, {r['reruns']} re-run(s) to finish; weights bitwise "
+        f"equal to the uninterrupted run's (last, epoch and final checkpoints): {r['bitwise_equal']}; test "
+        f"translations equal: {r['hyps_equal']}; orphaned temp files: {len(r['orphans'])} ({time.time() - start:.0f} s)"
+    )
 
 
 if __name__ == "__main__":
