@@ -251,6 +251,18 @@ def test_average_command(toy_corpus, tmp_path):
         checkpoint.main([str(run), "--average-last", "9"])
 
 
+def test_average_command_names_a_truncated_checkpoint_in_one_line(toy_corpus, tmp_path, capsys):
+    run = tmp_path / "run"
+    make_trainer(toy_corpus, run, max_epochs=2, keep_last=2).fit(job_start=0)
+    epoch2 = run / "checkpoint2.pt"
+    epoch2.write_bytes(epoch2.read_bytes()[:2000])
+    with pytest.raises(SystemExit) as exit_:
+        checkpoint.main([str(run), "--average-last", "2"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1 and "checkpoint2.pt: not a readable checkpoint" in err[0]
+    assert not (run / "checkpoint_averaged.pt").exists()
+
+
 MMAPPED_BY_A_TENSOR = """
 import ctypes, sys, torch
 from mt.runtime import keep_freed_memory_in_the_heap
