@@ -142,7 +142,7 @@ def random_batches(n: int, tokens: int, seed: int = 0) -> list[tuple]:
 def train_step(name: str, model: nn.Module, opt: torch.optim.Optimizer, dtype: torch.dtype | None, batch: tuple):
     src, src_pad, tgt_in, tgt_out, n_tok = batch
     model.train()
-    with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
+    with torch.autocast(src.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
         if name.startswith("this project"):  # as its trainer runs
             loss, _ = model(src, src_pad, tgt_in, tgt_out)
         else:
@@ -155,13 +155,21 @@ def train_step(name: str, model: nn.Module, opt: torch.optim.Optimizer, dtype: t
 MATMULS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmm_", "aten::_addmm_activation"}
 
 
-def matmul_peak(dtype: torch.dtype, n: int = 2048) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def matmul_peak(dtype: torch.dtype, device: torch.device) -> float:
+    n = 8192 if device.type == "cuda" else 2048
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     for _ in range(2):
         a @ b
+    sync(device)
     t = time.perf_counter()
     for _ in range(5):
         a @ b
+    sync(device)
     return 2 * n**3 * 5 / (time.perf_counter() - t)
 
 
@@ -174,7 +182,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=4000)
     ap.add_argument("--compile", action="store_true", help="also time this project's model under torch.compile")
     ap.add_argument("--profile", action="store_true", help="then profile this project's and HF Marian's steps")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda (then shapes base/big, bf16, >= 25,000 tokens)")
     args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # what the trainer enables for fp32 on CUDA
     shape = SHAPES[args.shape]
     builders = {"this project": ours, "torch.nn.Transformer": TorchTransformer, "HF Marian": marian}
     if args.compile:
@@ -184,30 +196,39 @@ def main() -> None:
     for dname in args.dtypes.split(","):
         for name, build in builders.items():
             torch.manual_seed(0)
-            model = build(**shape)
-            opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, foreach=True)
+            model = build(**shape).to(device)
+            fused = dict(fused=True) if device.type == "cuda" else dict(foreach=True)  # as the trainer picks
+            opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, **fused)
             if name.startswith("this project"):  # the trainer's loss module (what it compiles when asked to)
                 objective = TrainingLoss(model, 0.1)
                 model = torch.compile(objective) if name.endswith("compiled") else objective
             systems[(name, dname)] = (model, opt, dtypes[dname])
-    batches = random_batches(args.steps + args.warmup, args.tokens)
+    batches = [
+        tuple(x.to(device) if torch.is_tensor(x) else x for x in b)
+        for b in random_batches(args.steps + args.warmup, args.tokens)
+    ]
     rates: dict[tuple, list[float]] = {k: [] for k in systems}
     for i, batch in enumerate(batches):
         for key, system in systems.items():
+            sync(device)
             t = time.perf_counter()
             train_step(key[0], *system, batch)
+            sync(device)
             if i >= args.warmup:
                 rates[key].append(batch[-1] / (time.perf_counter() - t))
     n_params = sum(p.numel() for p in systems[("this project", args.dtypes.split(",")[0])][0].parameters())
     # Model FLOPs per target token: 6 x parameters touched (forward 2, backward 4); source ~ target length.
     flops_per_token = 6 * n_params
-    peaks = {d: matmul_peak(torch.float32 if d == "fp32" else torch.bfloat16) for d in args.dtypes.split(",")}
+    peaks = {d: matmul_peak(torch.float32 if d == "fp32" else torch.bfloat16, device) for d in args.dtypes.split(",")}
     print(
         f"shape {args.shape} {shape}, vocab {V} tied, {n_params / 1e6:.1f}M parameters, batches of ~{args.tokens} "
         f"target tokens (lengths 10-30), {args.steps} timed steps, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.cuda.get_device_name() if device.type == 'cuda' else f'{torch.get_num_threads()} threads'}"
     )
-    print("matmul peak (2048^3): " + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items()))
+    print(
+        f"matmul peak ({'8192' if device.type == 'cuda' else '2048'}^3): "
+        + ", ".join(f"{d} {p / 1e9:.0f} GFLOP/s" for d, p in peaks.items())
+    )
     header = f"{'system':<22}{'dtype':<6}{'target tok/s median [min..max]':>34}{'% of peak':>11}"
     peers = [n for n in builders if not n.startswith("this project")]
     print(header + "".join(f"{'vs ' + n:>24}" for n in peers))
@@ -222,14 +243,20 @@ def main() -> None:
     if args.profile:
         dname, profiled = args.dtypes.split(",")[0], batches[:2]
         for name in ("this project", "HF Marian"):
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            acts = [torch.profiler.ProfilerActivity.CPU]
+            if device.type == "cuda":
+                acts.append(torch.profiler.ProfilerActivity.CUDA)
+            with torch.profiler.profile(activities=acts) as prof:
                 for batch in profiled:
                     train_step(name, *systems[(name, dname)], batch)
+                sync(device)
             events = prof.key_averages()
-            total = sum(e.self_cpu_time_total for e in events)
-            share = 100 * sum(e.self_cpu_time_total for e in events if e.key in MATMULS) / total
-            print(f"\nprofile, {name} {dname}, {len(profiled)} steps: {share:.1f}% of self CPU time in matmuls")
-            print(events.table(sort_by="self_cpu_time_total", row_limit=14))
+            # time where the work happens: the GPU's kernels on CUDA, the CPU's operators otherwise
+            timed = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+            total = sum(getattr(e, timed) for e in events)
+            share = 100 * sum(getattr(e, timed) for e in events if e.key in MATMULS) / max(total, 1)
+            print(f"\nprofile, {name} {dname}, {len(profiled)} steps: {share:.1f}% of {timed} in matmuls")
+            print(events.table(sort_by=timed, row_limit=14))
 
 
 if __name__ == "__main__":
