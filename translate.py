@@ -38,7 +38,7 @@ from mt.inference import (
     translate_lines,
     write_output,
 )
-from mt.runtime import keep_freed_memory_in_the_heap, pick_autocast, pick_device
+from mt.runtime import keep_freed_memory_in_the_heap, pick_autocast, pick_device, use_tf32
 
 log = logging.getLogger("translate")
 register_configs()
@@ -61,6 +61,7 @@ def main(dcfg: DictConfig) -> None:
         model, vocabs = checkpoint.build_model(ckpt)
         device = pick_device(cfg.device)
         model.to(device).eval()
+        use_tf32(device)
         lines = read_input(cfg.input, cfg.input_errors)
         refs = read_references(cfg.references, ckpt, len(lines)) if cfg.references else None
         out = open_output(cfg.output)

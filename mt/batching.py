@@ -8,6 +8,9 @@ can be replayed or resumed mid-way exactly.
 
 from __future__ import annotations
 
+import contextlib
+import queue
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -147,6 +150,12 @@ class Batch:
     n_tgt_tokens: int  # non-pad target tokens: the loss normaliser
     ids: list[int]  # dataset indices, to restore the input order after length-sorted decoding
 
+    def pin_memory(self) -> Batch:
+        """Page-locked copies, so that `to(cuda)` is an asynchronous copy."""
+        pin = lambda t: t.pin_memory()  # noqa: E731
+        return Batch(pin(self.src), pin(self.tgt_in), pin(self.tgt_out), pin(self.src_pad_mask), self.n_src_tokens,
+                     self.n_tgt_tokens, self.ids)  # fmt: skip
+
     def to(self, device: torch.device) -> Batch:
         move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
         return Batch(
@@ -181,16 +190,57 @@ class BatchLoader:
     """Iterates Batches of a tokenized dataset in the order a TokenBucketSampler gives.
 
     `dataset[indices]` must return {"src_ids": [...], "tgt_ids": [...]}: a `datasets.Dataset` does, reading only
-    those rows from its memory-mapped Arrow file.
+    those rows from its memory-mapped Arrow file. With `prefetch` > 0 a background thread collates that many batches
+    ahead (while the GPU computes), optionally into pinned memory; the sampler's position still counts only the
+    batches handed out, so a checkpoint taken between two of them resumes exactly.
     """
 
-    def __init__(self, dataset, sampler: TokenBucketSampler):
-        self.dataset, self.sampler = dataset, sampler
+    def __init__(self, dataset, sampler: TokenBucketSampler, prefetch: int = 0, pin_memory: bool = False):
+        self.dataset, self.sampler, self.prefetch, self.pin_memory = dataset, sampler, prefetch, pin_memory
 
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def _collate(self, idx: list[int]) -> Batch:
+        rows = self.dataset[idx]
+        batch = collate(rows["src_ids"], rows["tgt_ids"], idx)
+        return batch.pin_memory() if self.pin_memory else batch
+
     def __iter__(self) -> Iterator[Batch]:
-        for idx in self.sampler:
-            rows = self.dataset[idx]
-            yield collate(rows["src_ids"], rows["tgt_ids"], idx)
+        if not self.prefetch:
+            for idx in self.sampler:
+                yield self._collate(idx)
+            return
+        yield from self._prefetched()
+
+    def _prefetched(self) -> Iterator[Batch]:
+        sampler = self.sampler
+        epoch, start, batches = sampler.epoch, sampler.position, sampler.batches()
+        ready: queue.Queue = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def work() -> None:
+            try:
+                for i in range(start, len(batches)):
+                    if stop.is_set():
+                        return
+                    ready.put(self._collate(batches[i].tolist()))
+            except BaseException as e:  # handed to the consumer, which raises it
+                ready.put(e)
+
+        worker = threading.Thread(target=work, name="batch-prefetch", daemon=True)
+        worker.start()
+        try:
+            for i in range(start, len(batches)):
+                item = ready.get()
+                if isinstance(item, BaseException):
+                    raise item
+                sampler.position = i + 1
+                yield item
+            sampler.set_epoch(epoch + 1)
+        finally:  # the consumer stopped (or finished): let the worker end
+            stop.set()
+            while worker.is_alive():
+                with contextlib.suppress(queue.Empty):
+                    ready.get_nowait()
+                worker.join(timeout=0.01)

@@ -92,7 +92,9 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # The devices visible now: a run saved on a machine with more GPUs resumes on one with fewer.
+        for i, s in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s, device=i)
 
 
 RESUMABLE = ("optimizer", "scheduler", "scaler", "sampler")  # objects with state_dict() / load_state_dict()

@@ -62,16 +62,18 @@ def make_sampler(ds: datasets.Dataset, max_tokens: int, seed: int, shuffle: bool
     return TokenBucketSampler(src_lens, tgt_lens, max_tokens, seed, shuffle, num_replicas=world, rank=rank)
 
 
-def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int):
-    """The sampler (this rank's shard of each epoch), the loader that collates its batches, and the BPE-dropout
-    segments the loader reads from (None without `train.bpe_dropout`)."""
+def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: bool = False):
+    """The sampler (this rank's shard of each epoch), the loader that collates its batches (on CUDA two batches
+    ahead, in pinned memory), and the BPE-dropout segments the loader reads from (None without
+    `train.bpe_dropout`)."""
     tc = cfg.train
     sampler = make_sampler(corpus.train, tc.max_tokens, tc.seed, True, world, rank)
+    ahead = dict(prefetch=2, pin_memory=True) if cuda else {}
     if not tc.bpe_dropout:
-        return sampler, BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler), None
+        return sampler, BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler, **ahead), None
     max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
     segments = BPEDropoutSegments(corpus.train, corpus.vocabs, tc.bpe_dropout, max_len, world, rank)
-    return sampler, BatchLoader(segments, sampler), segments
+    return sampler, BatchLoader(segments, sampler, **ahead), segments
 
 
 class BPEDropoutSegments:

@@ -9,6 +9,8 @@ import logging
 import time
 from pathlib import Path
 
+import torch
+
 log = logging.getLogger(__name__)
 
 
@@ -48,7 +50,8 @@ class MetricsLog:
 
 
 class RunningSums:
-    """Per-token loss, NLL and target tokens/s over the updates since the last log line."""
+    """Per-token loss, NLL and target tokens/s over the updates since the last log line. The sums may be device
+    tensors: they are read (a wait for the GPU) only in `read`, every `log_every` updates."""
 
     def __init__(self):
         self.reset()
@@ -57,6 +60,8 @@ class RunningSums:
         self.start, self.tokens, self.loss, self.nll = time.perf_counter(), 0, 0.0, 0.0
 
     def add(self, loss, nll, tokens: int) -> None:
+        if torch.is_tensor(loss):  # sums of many updates in float64, as the Python floats they replace
+            loss, nll = loss.double(), nll.double()
         self.loss, self.nll, self.tokens = self.loss + loss, self.nll + nll, self.tokens + tokens
 
     def read(self) -> dict:

@@ -193,6 +193,12 @@ class DecoderLayer(nn.Module):
         return self.sub_ffn(x, self.ffn)
 
 
+def skips_padding_rows(device: torch.device) -> bool:
+    """The CPU drops padding positions before the output layer (their compute is the cost); CUDA keeps them, masked
+    inside the loss, since selecting rows by a boolean mask would make the CPU wait for the GPU to count them."""
+    return device.type == "cpu"
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int):
         super().__init__()
@@ -283,9 +289,10 @@ class Transformer(nn.Module):
         """Teacher-forced training loss: summed label-smoothed cross-entropy and summed NLL over the non-padding
         `tgt_out` (B, T). The output projection is fused with the loss (`mt.loss`), so the logits never exist in
         full."""
-        wanted = tgt_out.ne(PAD)
+        wanted = tgt_out.ne(PAD) if skips_padding_rows(tgt_out.device) else None
         states = self.decoder_states(tgt_in, self.encode(src, src_pad_mask), src_pad_mask, wanted=wanted)
-        return projected_label_smoothed_loss(states, self.output.weight, tgt_out[wanted], label_smoothing)
+        target = tgt_out[wanted] if wanted is not None else tgt_out
+        return projected_label_smoothed_loss(states, self.output.weight, target, label_smoothing)
 
     def config_dict(self) -> dict:
         return {"model": asdict(self.cfg), "src_vocab": self.src_vocab, "tgt_vocab": self.tgt_vocab}

@@ -52,11 +52,12 @@ def training_device(name: str, quantize: str) -> torch.device:
 
 
 def pick_autocast(precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for fp32. `auto` = bf16 where the hardware runs it fast (AMX CPUs, bf16 GPUs),
-    fp16 on CUDA GPUs without bf16, fp32 on other CPUs (emulated bf16 is slower than fp32 there)."""
+    """The autocast dtype, or None for fp32. `auto` = bf16 where the hardware runs it natively (AMX CPUs, Ampere and
+    newer GPUs), fp16 on older CUDA GPUs, fp32 on other CPUs (emulated bf16 is slower than fp32 there)."""
     if precision == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        if device.type == "cuda":  # emulated bf16 (pre-Ampere) would be slow: fp16 with a GradScaler there
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+            return torch.bfloat16 if native else torch.float16
         amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
         return torch.bfloat16 if amx else None
     if precision == "fp16" and device.type != "cuda":
@@ -67,3 +68,10 @@ def pick_autocast(precision: str, device: torch.device) -> torch.dtype | None:
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
     """torch.autocast to `dtype`, or a no-op for fp32."""
     return torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+
+def use_tf32(device: torch.device) -> None:
+    """fp32 matmuls on CUDA in TF32 (Ampere and newer): full-precision GEMMs there run at a fraction of the speed,
+    and TF32's 10-bit mantissa in the products is what PyTorch's own AMP recipes accept for fp32 training."""
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")

@@ -50,13 +50,13 @@ class TrainingLoss(torch.nn.Module):
         return self.model.loss(src, src_pad_mask, tgt_in, tgt_out, self.label_smoothing)
 
 
-def build_optimizer(model: Transformer, tc: TrainConfig) -> torch.optim.Optimizer:
+def build_optimizer(model: Transformer, tc: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """Adam(W) with base lr 1, so that the schedule's value is the learning rate itself (5.3)."""
     cls = torch.optim.AdamW if tc.optimizer == "adamw" else torch.optim.Adam
-    # foreach: one kernel per group of tensors instead of one per parameter (many small tensors here).
-    return cls(
-        model.parameters(), lr=1.0, betas=tuple(tc.betas), eps=tc.adam_eps, weight_decay=tc.weight_decay, foreach=True
-    )
+    # One kernel for all parameters on CUDA (fused), one per group of tensors on the CPU (foreach).
+    kernel = dict(fused=True) if device.type == "cuda" else dict(foreach=True)
+    betas = tuple(tc.betas)
+    return cls(model.parameters(), lr=1.0, betas=betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, **kernel)
 
 
 def wrap_for_training(model: Transformer, tc: TrainConfig, world: int, device: torch.device) -> torch.nn.Module:
@@ -66,7 +66,10 @@ def wrap_for_training(model: Transformer, tc: TrainConfig, world: int, device: t
         wrapped = torch.compile(wrapped)
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None
-        wrapped = torch.nn.parallel.DistributedDataParallel(wrapped, device_ids=ids)
+        # No buffers change during training (positions are fixed), and gradients can live in DDP's buckets.
+        wrapped = torch.nn.parallel.DistributedDataParallel(
+            wrapped, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
+        )
     return wrapped
 
 
@@ -78,9 +81,10 @@ class Trainer:
         self.world, self.rank = distributed.world_and_rank()
         self.device = runtime.training_device(self.tc.device, cfg.decode.quantize)
         self.amp = runtime.pick_autocast(self.tc.precision, self.device)
+        runtime.use_tf32(self.device)
         torch.manual_seed(self.tc.seed)
         self.model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt)).to(self.device)
-        self.optimizer = build_optimizer(self.model, self.tc)
+        self.optimizer = build_optimizer(self.model, self.tc, self.device)
         self.update, self.epochs_done = 0, 0
         self.budget, self.budget_used = Budget(self.tc.max_updates, self.tc.max_time), 0.0
         schedule = functools.partial(lr_at, cfg=self.tc, d_model=cfg.model.d_model)
@@ -90,7 +94,9 @@ class Trainer:
         )
         self.scaler = torch.amp.GradScaler(enabled=self.amp == torch.float16)
         self.train_model = wrap_for_training(self.model, self.tc, self.world, self.device)
-        self.sampler, self.loader, self.segments = training_batches(corpus, cfg, self.world, self.rank)
+        self.sampler, self.loader, self.segments = training_batches(
+            corpus, cfg, self.world, self.rank, cuda=self.device.type == "cuda"
+        )
         if n := self.sampler.oversized():
             longest = int(max(self.sampler.src_lens.max(), self.sampler.tgt_lens.max()))
             raise ConfigError(f"train.max_tokens={self.tc.max_tokens} is below the longest training pair ({longest} "
@@ -105,14 +111,17 @@ class Trainer:
     # ---------------------------------------------------------------------------- one update
 
     def backward(self, batches: list[Batch]) -> dict:
-        """Forward/backward over `batches`, accumulating gradients normalised by their total target tokens."""
+        """Forward/backward over `batches`, accumulating gradients normalised by their total target tokens. The
+        loss sums stay on the device (read every `log_every` updates); "finite" is read now, agreed by all ranks."""
         self.model.train()
-        n_tokens = torch.tensor(float(sum(b.n_tgt_tokens for b in batches)), device=self.device)
-        if self.world > 1:
+        tokens = sum(b.n_tgt_tokens for b in batches)
+        if self.world > 1:  # DDP averages gradients over ranks: world / all tokens makes that a sum over tokens
+            n_tokens = torch.tensor(float(tokens), device=self.device)
             dist.all_reduce(n_tokens)
-        # DDP averages gradients over ranks; multiplying by world size turns that into a sum over all tokens.
-        norm = self.world / n_tokens.item()
-        loss_sum = nll_sum = 0.0
+            norm = self.world / n_tokens
+        else:
+            norm = 1.0 / tokens
+        loss_sum = nll_sum = torch.zeros((), device=self.device)
         for i, b in enumerate(batches):
             b = b.to(self.device)
             last = i == len(batches) - 1
@@ -120,21 +129,22 @@ class Trainer:
                 with runtime.autocast(self.device, self.amp):
                     loss, nll = self.train_model(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
                 self.scaler.scale(loss * norm).backward()
-            loss_sum, nll_sum = loss_sum + loss.item(), nll_sum + nll.item()
-        # This rank's sums (all ranks together under DDP would need another all_reduce).
-        tokens = sum(b.n_tgt_tokens for b in batches)
-        return {"loss": loss_sum, "nll": nll_sum, "tokens": tokens, "finite": math.isfinite(loss_sum)}
+            loss_sum, nll_sum = loss_sum + loss.detach().float(), nll_sum + nll.float()
+        finite = torch.isfinite(loss_sum).float()
+        if self.world > 1:  # one rank's NaN skips the update on every rank, or their counters would diverge
+            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
+        return {"loss": loss_sum, "nll": nll_sum, "tokens": tokens, "finite": bool(finite.item())}
 
     def train_step(self, batches: list[Batch]) -> dict:
         """One update: accumulate gradients over `batches`, clip, step the optimizer and the LR schedule."""
         stats = self.backward(batches)
         if not stats["finite"]:
-            self._skip_update(stats["loss"] / stats["tokens"])
+            self._skip_update(float(stats["loss"]) / stats["tokens"])
             return stats
         self.nan_in_a_row = 0
         self.scaler.unscale_(self.optimizer)
         if self.tc.clip_norm > 0:
-            stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm))
+            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -280,8 +290,8 @@ class Trainer:
             if self.update % tc.log_every == 0:
                 record = {"kind": "train", "update": self.update, "epoch": epoch, **sums.read()}
                 record.update(lr=self.scheduler.get_last_lr()[0], elapsed=self.budget.seconds())
-                if "grad_norm" in stats:
-                    record["grad_norm"] = stats["grad_norm"]
+                if "grad_norm" in stats:  # of this update (a device tensor, read here)
+                    record["grad_norm"] = float(stats["grad_norm"])
                 bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
                 self.metrics.write(record)
             if tc.valid_every and self.update % tc.valid_every == 0:

@@ -1,6 +1,7 @@
 """Token-bucket batching: exactly once, budget, determinism, mid-epoch resume, sharding, padding efficiency."""
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -110,3 +111,43 @@ def test_padding_efficiency_on_multi30k_train(tmp_path, capsys):
     with capsys.disabled():
         print(f"\nMulti30k train, 8k BPE, 4096 tokens: padding efficiency {bucketed:.3f} (random {real / padded:.3f})")
     assert bucketed >= 0.90 and real / padded < 0.8
+
+
+def test_prefetching_loader_gives_the_same_batches_and_resumes_exactly(toy_corpus, tmp_path):
+    """Batches collated ahead in a thread: the same batches in the same order, and the sampler's position counts
+    only those handed out, so a checkpoint between two of them resumes where a plain loader would."""
+    from mt.batching import BatchLoader
+    from mt.corpus import make_sampler
+    from tests.test_training import make_config, prepare_data
+
+    cfg = make_config(toy_corpus, tmp_path / "run")
+    train = prepare_data(cfg, tmp_path / "run", 128).train
+    ids = train.select_columns(["src_ids", "tgt_ids"])
+    sampler = lambda: make_sampler(train, 150, seed=1, shuffle=True)  # noqa: E731
+    s_plain = sampler()
+    plain = [b.ids for b in BatchLoader(ids, s_plain)] + [b.ids for b in BatchLoader(ids, s_plain)]
+    s_ahead = sampler()
+    it, ahead = iter(BatchLoader(ids, s_ahead, prefetch=3)), []
+    for _ in range(5):
+        ahead.append(next(it).ids)
+    assert s_ahead.position == 5  # not 5 + what the thread has collated
+    state = s_ahead.state_dict()
+    it.close()  # a stop mid-epoch: the worker ends
+    resumed = sampler()
+    resumed.load_state_dict(state)
+    ahead += [b.ids for b in BatchLoader(ids, resumed, prefetch=3)]
+    assert resumed.epoch == 1 and resumed.position == 0
+    ahead += [b.ids for b in BatchLoader(ids, resumed, prefetch=3)]
+    assert ahead == plain and len(plain) > 10
+
+
+def test_prefetching_loader_raises_what_the_worker_hit():
+    from mt.batching import BatchLoader, TokenBucketSampler
+
+    class Broken:
+        def __getitem__(self, idx):
+            raise OSError("disk gone")
+
+    sampler = TokenBucketSampler([5] * 10, [5] * 10, 20, seed=0, shuffle=False)
+    with pytest.raises(OSError, match="disk gone"):
+        list(BatchLoader(Broken(), sampler, prefetch=2))

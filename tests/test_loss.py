@@ -98,9 +98,12 @@ def test_projected_loss_without_gradients_gives_the_same_sums():
     assert (loss.item(), nll.item()) == pytest.approx((ref_loss.item(), ref_nll.item()), rel=1e-5)
 
 
-def test_model_loss_matches_its_logits_and_trains_the_tied_weights():
+@pytest.mark.parametrize("skip_padding", [True, False], ids=["cpu-rows-selected", "cuda-padding-masked"])
+def test_model_loss_matches_its_logits_and_trains_the_tied_weights(skip_padding, monkeypatch):
     """`Transformer.loss` (fused) == `label_smoothed_loss` on `forward`'s logits, with the same gradient for every
-    parameter, the tied embedding/output matrix included."""
+    parameter, the tied embedding/output matrix included; both with padding rows dropped before the output layer
+    (the CPU's way) and kept but masked in the loss (CUDA's way, no boolean indexing)."""
+    monkeypatch.setattr("mt.model.skips_padding_rows", lambda device: skip_padding)
     torch.manual_seed(0)
     model = Transformer(tiny_model_config(), 40, 40)
     src = torch.randint(4, 40, (3, 7))

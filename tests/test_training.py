@@ -530,3 +530,32 @@ def test_progress_bar_shows_only_when_asked(toy_corpus, tmp_path, capsys):
     assert "epoch 1" in capsys.readouterr().err  # the tqdm bar, on stderr
     make_trainer(toy_corpus, tmp_path / "b", max_epochs=1, progress=False).fit(job_start=0)
     assert "epoch 1" not in capsys.readouterr().err
+
+
+def _nan_on_one_rank(rank: int, port: int, corpus_dir: Path, run_dir: Path, out) -> None:
+    """One rank of `test_a_nan_on_one_rank_skips_the_update_on_every_rank`."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        trainer = Trainer(make_config(corpus_dir, run_dir, max_nan_updates=5), prepare_data(
+            make_config(corpus_dir, run_dir), run_dir, 128), run_dir)  # fmt: skip
+        batch = next(iter(trainer.loader))
+        before = trainer.model.output.weight.detach().clone()
+        if rank == 1:
+            with torch.no_grad():
+                trainer.model.output.weight[7, 0] = float("nan")
+        stats = trainer.train_step([batch])
+        changed = not torch.equal(trainer.model.output.weight.detach()[8:], before[8:])
+        out.put((rank, stats["finite"], trainer.update, trainer.nan_in_a_row, changed))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_nan_on_one_rank_skips_the_update_on_every_rank(toy_corpus, tmp_path):
+    """Gradients are all-reduced before the skip is decided: a rank that stepped while another skipped would take
+    NaN weights and count one update more, and the ranks' collectives would then fall out of step."""
+    (tmp_path / "run").mkdir()
+    prepare_data(make_config(toy_corpus, tmp_path / "run"), tmp_path / "run", 128)
+    got = on_two_ranks(_nan_on_one_rank, toy_corpus, tmp_path / "run")
+    assert got[0] == got[1] == [False, 0, 1, False]

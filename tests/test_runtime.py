@@ -1,0 +1,55 @@
+"""Device and precision choices, with CUDA mocked where the machine has none."""
+
+import pytest
+import torch
+
+from mt import runtime
+from mt.config import ConfigError
+
+
+class FakeCuda:
+    def __init__(self, native_bf16: bool):
+        self.native = native_bf16
+
+    def is_bf16_supported(self, including_emulation: bool = True) -> bool:
+        return True if including_emulation else self.native  # every GPU "supports" bf16 by emulation
+
+
+@pytest.mark.parametrize(
+    "gpu, native, expected",
+    [("Ampere and newer", True, torch.bfloat16), ("V100 / T4", False, torch.float16)],
+)
+def test_auto_precision_on_cuda_is_native_bf16_else_fp16(monkeypatch, gpu, native, expected):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", FakeCuda(native).is_bf16_supported)
+    assert runtime.pick_autocast("auto", torch.device("cuda")) is expected, gpu
+
+
+@pytest.mark.parametrize("amx, expected", [(True, torch.bfloat16), (False, None)])
+def test_auto_precision_on_the_cpu_is_bf16_only_with_amx(monkeypatch, amx, expected):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert runtime.pick_autocast("auto", torch.device("cpu")) is expected
+
+
+def test_explicit_precisions():
+    cpu = torch.device("cpu")
+    assert runtime.pick_autocast("fp32", cpu) is None and runtime.pick_autocast("bf16", cpu) is torch.bfloat16
+    with pytest.raises(ConfigError, match="fp16 needs CUDA"):
+        runtime.pick_autocast("fp16", cpu)
+
+
+def test_tf32_for_fp32_matmuls_on_cuda_only():
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        runtime.use_tf32(torch.device("cpu"))
+        assert torch.get_float32_matmul_precision() == "highest"
+        runtime.use_tf32(torch.device("cuda"))
+        assert torch.get_float32_matmul_precision() == "high"
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_int8_decoding_is_refused_before_training_on_a_gpu(monkeypatch):
+    monkeypatch.setattr(runtime, "pick_device", lambda name: torch.device("cuda", 0))
+    with pytest.raises(ConfigError, match="decode.quantize=int8 runs on the CPU only"):
+        runtime.training_device("cuda", "int8")
