@@ -9,8 +9,11 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 
 from mt.config import ModelConfig
+from mt.model import Transformer
+from mt.tokenizer import BOS, EOS, PAD
 
 ROOT = Path(__file__).resolve().parent.parent
 MULTI30K = (ROOT / ".." / "shared" / "data" / "multi30k").resolve()
@@ -62,3 +65,22 @@ def tiny_model_config(**overrides) -> ModelConfig:
     )
     cfg.update(overrides)
     return ModelConfig(**cfg)
+
+
+@pytest.fixture(scope="session")
+def trained_model():
+    """A tiny model trained for a few seconds to reverse random sequences, so its outputs are not trivial."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(d_model=32, n_heads=4, d_ff=64), 20, 20)
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(150):
+        src = torch.randint(4, 20, (32, 6))
+        tgt = src.flip(1)
+        tgt_in = torch.cat([torch.full((32, 1), BOS), tgt], 1)
+        tgt_out = torch.cat([tgt, torch.full((32, 1), EOS)], 1)
+        logits = model(src, src.eq(PAD), tgt_in)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 20), tgt_out.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()

@@ -1,9 +1,10 @@
 """A catalogue of bad inputs, one row each: data, config, checkpoints and translate.py's files.
 
 Every row runs the real entry point in a subprocess against a run dir that already holds a finished run, and
-expects exit code 2, exactly one `error:` line on stderr that names the file, line or key (the other stderr lines
-are the run's own log records), no traceback, and every file of the earlier run unchanged. Hydra rewrites its
-record of the latest command (`.hydra/`) and appends to its log (`train.log`): those two are not compared.
+expects exit code 2, exactly one `error:` line on stderr that names the file, line or key (every other stderr line
+is one of the run's own INFO/WARNING log records), no traceback, and every file of the earlier run unchanged.
+Hydra rewrites its record of the latest command (`.hydra/`) and appends to its log (`train.log`): those two are
+not compared.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -57,6 +59,10 @@ def finished(tmp_path_factory) -> tuple[Path, Path]:
     p = run(train_args(corpus, run_dir))
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     return corpus, run_dir
+
+
+# train.py's log records ("[2026-11-23 10:00:00,000][mt.data][INFO] - ...") and translate.py's ("INFO ...").
+LOG_RECORD = re.compile(r"^(\[\d{4}-\d\d-\d\d [\d:,]+\]\[[\w.]+\]\[(INFO|WARNING)\] - |(INFO|WARNING) )")
 
 
 def snapshot(run_dir: Path) -> dict[str, str]:
@@ -249,6 +255,8 @@ def test_bad_input_is_one_line_exit_2_and_destroys_nothing(finished, tmp_path, n
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert p.returncode == 2, err[-2000:]
     assert len(errors) == 1 and expected in errors[0], err[-2000:]
+    others = [line for line in err.splitlines() if line and not line.startswith("error:")]
+    assert all(LOG_RECORD.match(line) for line in others), others  # the run's own progress log, nothing else
     assert "Traceback" not in err and p.stdout == b""
     after = snapshot(run_dir)
     assert {k: v for k, v in after.items() if k in before} == before  # every earlier file as it was

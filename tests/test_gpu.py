@@ -16,8 +16,9 @@ from mt import checkpoint
 from mt.config import DecodeConfig
 from mt.model import Transformer
 from mt.search import beam_search, greedy_search
-from mt.tokenizer import BOS, EOS, PAD
+from mt.tokenizer import BOS, PAD
 from tests.conftest import ROOT, tiny_model_config, write_toy_corpus
+from tests.test_search import padded_sources
 
 pytestmark = [
     pytest.mark.gpu,
@@ -115,37 +116,12 @@ def test_fused_projection_loss_gradients_in_fp16_match_the_unfused_ones():
     torch.testing.assert_close(fw, uw, atol=2e-3, rtol=2e-2)
 
 
-@pytest.fixture(scope="module")
-def trained():
-    """A tiny model trained briefly to reverse sequences, so that search has real decisions to make."""
-    torch.manual_seed(0)
-    model = Transformer(tiny_model_config(), 20, 20)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(150):
-        src = torch.randint(4, 20, (32, 6))
-        tgt_in = torch.cat([torch.full((32, 1), BOS), src.flip(1)], 1)
-        tgt_out = torch.cat([src.flip(1), torch.full((32, 1), EOS)], 1)
-        loss, _ = model.loss(src, src.eq(PAD), tgt_in, tgt_out, 0.0)
-        opt.zero_grad()
-        (loss / tgt_out.numel()).backward()
-        opt.step()
-    return model.eval()
-
-
-def sources():
-    torch.manual_seed(1)
-    src = torch.randint(4, 20, (6, 7))
-    for i, n in enumerate([7, 5, 3, 6, 2, 7]):
-        src[i, n - 1] = EOS
-        src[i, n:] = PAD
-    return src, src.eq(PAD)
-
-
 @pytest.mark.parametrize("beam", [1, 4])
-def test_search_on_cuda_gives_the_cpu_tokens_and_cached_equals_uncached(trained, beam):
+def test_search_on_cuda_gives_the_cpu_tokens_and_cached_equals_uncached(trained_model, beam):
+    trained = trained_model
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        src, mask = sources()
+        src, mask = padded_sources()
         search = greedy_search if beam == 1 else beam_search
         cfg = dict(beam_size=beam, nbest=beam, length_penalty=1.0)
         cpu = search(trained, src, mask, DecodeConfig(**cfg))

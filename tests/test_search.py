@@ -7,10 +7,8 @@ import pytest
 import torch
 
 from mt.config import DecodeConfig
-from mt.model import Transformer
 from mt.search import beam_search, greedy_search, length_penalty, max_lengths, topk_rows
 from mt.tokenizer import BOS, EOS, PAD, UNK
-from tests.conftest import tiny_model_config
 
 A, B = 4, 5
 V = 6
@@ -120,25 +118,6 @@ def test_length_penalty_formulas():
     assert length_penalty(7, 1.0, "gnmt") == pytest.approx(2.0)
     assert length_penalty(4, 0.5, "average") == pytest.approx(2.0)
     assert length_penalty(9, 0.0, "gnmt") == 1.0
-
-
-@pytest.fixture(scope="module")
-def trained_model():
-    """A tiny model trained for a few seconds to reverse random sequences, so its outputs are not trivial."""
-    torch.manual_seed(0)
-    model = Transformer(tiny_model_config(d_model=32, n_heads=4, d_ff=64), 20, 20)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(150):
-        src = torch.randint(4, 20, (32, 6))
-        tgt = src.flip(1)
-        tgt_in = torch.cat([torch.full((32, 1), BOS), tgt], 1)
-        tgt_out = torch.cat([tgt, torch.full((32, 1), EOS)], 1)
-        logits = model(src, src.eq(PAD), tgt_in)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 20), tgt_out.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return model.eval()
 
 
 def padded_sources():
