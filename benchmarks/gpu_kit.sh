@@ -70,7 +70,9 @@ peer_args="--dtypes bf16 --tokens 25000 --steps 10 --profile"
 extra=()
 if [ $smoke = 1 ]; then
     extra=(model=transformer_tiny train.valid_every=50 train.precision=fp32)
-    zcat $test_input | head -100 > /tmp/test100.en && test_input=/tmp/test100.en
+    python -c "import gzip, sys; sys.stdout.writelines(gzip.open(sys.argv[1], 'rt').readlines()[:100])" \
+        $test_input > /tmp/test100.en
+    test_input=/tmp/test100.en
     shapes=small
     peer_args="--dtypes fp32 --tokens 1000 --steps 2 --warmup 1"
 fi
