@@ -100,9 +100,28 @@ def set_rng_state(state: dict) -> None:
 RESUMABLE = ("optimizer", "scheduler", "scaler", "sampler")  # objects with state_dict() / load_state_dict()
 
 
-def training_state(model: Transformer, vocabs: Vocabs, config: dict, progress: dict, resumable: dict | None) -> dict:
+# What a resumed run must share with the run that wrote its checkpoint: what decides its batches and its updates.
+# The budget, validation, logging, device, precision and decoding may change between stretches of a run.
+RESUME_KEYS = {
+    "data": ("name", "format", "src_lang", "tgt_lang", "columns", "train_split", "max_len", "max_ratio"),
+    "tokenizer": ("vocab_size", "joint", "min_frequency", "normalization"),
+    "train": ("seed", "max_tokens", "accumulate", "optimizer", "lr", "schedule", "noam_scale", "warmup",
+              "warmup_init_lr", "betas", "adam_eps", "weight_decay", "clip_norm", "label_smoothing", "bpe_dropout"),
+}  # fmt: skip
+
+
+def run_fingerprint(config: dict, world: int) -> dict:
+    """{"train.lr": 0.002, ..., "world_size": 2}: the RESUME_KEYS of a run's config, and its number of ranks."""
+    keys = {f"{group}.{key}": config[group][key] for group, names in RESUME_KEYS.items() for key in names}
+    return {**keys, "world_size": world}
+
+
+def training_state(
+    model: Transformer, vocabs: Vocabs, config: dict, progress: dict, resumable: dict | None, rngs: list | None = None
+) -> dict:
     """A checkpoint's contents: the model and what describes it, the run's `progress` counters, and for resuming
-    (`resumable`: the RESUMABLE objects by name) their states and every RNG's."""
+    (`resumable`: the RESUMABLE objects by name) their states, the run's fingerprint and every rank's RNG states
+    (`rngs`, one per rank; this process's alone when None)."""
     state = {
         "format": FORMAT_VERSION,
         "model_args": model.config_dict(),
@@ -113,7 +132,9 @@ def training_state(model: Transformer, vocabs: Vocabs, config: dict, progress: d
         **progress,
     }
     if resumable is not None:
-        state.update({name: obj.state_dict() for name, obj in resumable.items()}, rng=rng_state())
+        rngs = rngs or [rng_state()]
+        state.update({name: obj.state_dict() for name, obj in resumable.items()}, rng=rngs[0], rng_per_rank=rngs)
+        state["fingerprint"] = run_fingerprint(config, len(rngs))
     return state
 
 
@@ -125,6 +146,23 @@ def resume_path(resume: str, run_dir: Path) -> Path | None:
         return Path(resume)
     last = run_dir / "checkpoint_last.pt"
     return last if last.is_file() or previous(last).is_file() else None
+
+
+def check_fingerprint(path: Path, saved: dict | None, now: dict, anyway: bool) -> None:
+    """Refuse to continue a run whose batches or updates this command would change (or warn, with `anyway`)."""
+    changed = [k for k in now if saved is not None and k in saved and saved[k] != now[k]]
+    if not changed:
+        return
+    first = changed[0]
+    what = f"{first}={saved[first]!r}, this command {first}={now[first]!r}"
+    more = f" (and {', '.join(changed[1:])})" if len(changed) > 1 else ""
+    if anyway:
+        log.warning("%s: was trained with %s%s; continuing as train.resume_anyway=true asks", path, what, more)
+        return
+    raise CheckpointError(
+        f"{path}: was trained with {what}{more}; use a new run_dir, train.resume=never to start over, or "
+        "train.resume_anyway=true to continue with the new settings"
+    )
 
 
 def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: dict) -> dict:
@@ -155,7 +193,6 @@ def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: 
     model.load_state_dict(ckpt["model"])
     for name, obj in resumable.items():
         obj.load_state_dict(ckpt[name])
-    set_rng_state(ckpt["rng"])
     return ckpt
 
 

@@ -109,6 +109,9 @@ class TrainConfig:
     keep_last: int = 3
     average_last: int = 0  # average the last K epoch checkpoints at the end; 0 = off
     resume: str = "auto"  # auto | never | path to a checkpoint
+    # Continue a run although this command changes what decides its batches or updates (train.lr, max_tokens,
+    # data, world size, ...: mt.checkpoint.RESUME_KEYS); without it such a resume stops with an error.
+    resume_anyway: bool = False
     max_nan_updates: int = 5
     log_every: int = 50
     progress: bool = True

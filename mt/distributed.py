@@ -35,6 +35,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def all_gather(obj) -> list:
+    """[rank 0's obj, rank 1's, ...]: `[obj]` in one process."""
+    if world_and_rank()[0] == 1:
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def all_max(value: float, device: torch.device) -> float:
     """The largest `value` over all ranks (the value itself in one process)."""
     if world_and_rank()[0] == 1:

@@ -208,17 +208,20 @@ class Trainer:
     def _resumable(self) -> dict:
         return dict(optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler, sampler=self.sampler)
 
-    def state(self, full: bool) -> dict:
+    def state(self, full: bool, rngs: list | None = None) -> dict:
         progress = {"update": self.update, "epochs_done": self.epochs_done, "best": self.best}
         if full:
             progress.update(elapsed=self.budget.elapsed, bad_validations=self.bad_validations)
         resumable = self._resumable() if full else None
-        return checkpoint.training_state(self.model, self.corpus.vocabs, asdict(self.cfg), progress, resumable)
+        cfg, vocabs = asdict(self.cfg), self.corpus.vocabs
+        return checkpoint.training_state(self.model, vocabs, cfg, progress, resumable, rngs)
 
     def save(self, name: str, full: bool = True) -> Path:
+        """Write a checkpoint (rank 0); a full one holds every rank's RNG states, so every rank resumes exactly."""
         path = self.run_dir / name
+        rngs = distributed.all_gather(checkpoint.rng_state()) if full else None
         if self.rank == 0:  # the resumable checkpoint keeps its predecessor as a fallback
-            checkpoint.save_atomic(self.state(full), path, keep_previous=name == "checkpoint_last.pt")
+            checkpoint.save_atomic(self.state(full, rngs), path, keep_previous=name == "checkpoint_last.pt")
         return path
 
     def resume(self) -> bool:
@@ -227,6 +230,10 @@ class Trainer:
         if path is None:
             return False
         ckpt = checkpoint.restore_training(path, self.model, self.corpus.vocabs, self._resumable())
+        now = checkpoint.run_fingerprint(asdict(self.cfg), self.world)
+        checkpoint.check_fingerprint(path, ckpt.get("fingerprint"), now, self.tc.resume_anyway)
+        rngs = ckpt.get("rng_per_rank") or [ckpt["rng"]]
+        checkpoint.set_rng_state(rngs[self.rank] if len(rngs) == self.world else ckpt["rng"])
         self.update, self.epochs_done, self.best = ckpt["update"], ckpt["epochs_done"], ckpt["best"]
         self.budget.elapsed, self.bad_validations = ckpt["elapsed"], ckpt["bad_validations"]
         where = f"epoch {self.sampler.epoch + 1}, batch {self.sampler.position}"

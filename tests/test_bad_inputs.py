@@ -220,6 +220,7 @@ ROWS = [
         "trained with tokenizer.vocab_size=60",
     ),
     # checkpoints
+    ("resume_changed_batches", "train", _args("train.max_tokens=400"), "train.max_tokens=300, this command"),
     ("resume_other_model", "train", _args("model.d_ff=128"), "checkpoint_last.pt: was trained with a different model"),
     ("resume_other_tokenizer", "train", _other_tokenizer, "checkpoint_last.pt: was trained with"),
     ("checkpoint_missing", "translate", _args("checkpoint=/nonexistent/model.pt"), "/nonexistent/model.pt"),

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import ROOT, needs_multi30k
 
@@ -297,3 +298,32 @@ def test_translate_decodes_with_the_runs_settings_unless_overridden():
     assert got == DecodeConfig(beam_size=4, length_penalty=1.5, nbest=3)
     assert run_decode_settings(cli, ckpt, ["decode=greedy", "decode.nbest=3"]) is cli
     assert run_decode_settings(cli, {"config": None}, []) is cli
+
+
+def torchrun(args: list[str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([*cmd, *args], cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def test_torchrun_resume_is_exact_on_every_rank(toy_corpus, tmp_path):
+    """Two ranks with dropout on, stopped after 4 updates and resumed to 10, end bitwise where an uninterrupted
+    two-rank run does: each rank gets its own RNG states back (rank 0's on every rank drew other dropout masks)."""
+    from mt import checkpoint
+
+    common = [
+        "train.py", "data=local", f"data.dir={toy_corpus}", "data.src_lang=xx", "data.tgt_lang=yy",
+        "model=transformer_tiny", "model.dropout=0.3", "tokenizer.vocab_size=60", "tokenizer.min_frequency=1",
+        "train.max_tokens=150", "train.valid_bleu=false", "train.progress=false", "train.device=cpu",
+        "train.precision=fp32", "train.warmup=5", "data.test_splits=[]", "train.average_last=0",
+    ]  # fmt: skip
+    torchrun([*common, f"run_dir={tmp_path / 'straight'}", "train.max_updates=10"])
+    torchrun([*common, f"run_dir={tmp_path / 'resumed'}", "train.max_updates=4"])
+    p = torchrun([*common, f"run_dir={tmp_path / 'resumed'}", "train.max_updates=10"])
+    assert "resumed from" in p.stderr
+    a = checkpoint.load(tmp_path / "straight" / "checkpoint_last.pt")
+    b = checkpoint.load(tmp_path / "resumed" / "checkpoint_last.pt")
+    assert a["update"] == b["update"] == 10 and len(b["rng_per_rank"]) == 2
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

@@ -53,3 +53,21 @@ def test_int8_decoding_is_refused_before_training_on_a_gpu(monkeypatch):
     monkeypatch.setattr(runtime, "pick_device", lambda name: torch.device("cuda", 0))
     with pytest.raises(ConfigError, match="decode.quantize=int8 runs on the CPU only"):
         runtime.training_device("cuda", "int8")
+
+
+@pytest.mark.parametrize(
+    "device, cuda_available, backend",
+    [("cpu", True, "gloo"), ("auto", True, "nccl"), ("cuda", True, "nccl"), ("auto", False, "gloo")],
+)
+def test_torchrun_backend_follows_the_training_device(monkeypatch, device, cuda_available, backend):
+    """`torchrun ... train.device=cpu` on a GPU machine must not pick NCCL (which needs CUDA tensors)."""
+    from mt import distributed
+
+    chosen = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda b: chosen.append(b))
+    monkeypatch.setattr(distributed.dist, "get_rank", lambda: 0)
+    assert distributed.init_distributed(device) == 0 and chosen == [backend]

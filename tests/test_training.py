@@ -559,3 +559,18 @@ def test_a_nan_on_one_rank_skips_the_update_on_every_rank(toy_corpus, tmp_path):
     prepare_data(make_config(toy_corpus, tmp_path / "run"), tmp_path / "run", 128)
     got = on_two_ranks(_nan_on_one_rank, toy_corpus, tmp_path / "run")
     assert got[0] == got[1] == [False, 0, 1, False]
+
+
+def test_resume_refuses_a_run_whose_batches_or_updates_would_change(toy_corpus, tmp_path, caplog):
+    run = tmp_path / "run"
+    make_trainer(toy_corpus, run, max_updates=4, lr=3e-3).fit(job_start=0)
+    with pytest.raises(
+        checkpoint.CheckpointError, match=r"train.lr=0.003, this command train.lr=0.001; .*resume_anyway"
+    ):
+        make_trainer(toy_corpus, run, max_updates=8, lr=1e-3).resume()
+    with pytest.raises(checkpoint.CheckpointError, match=r"train.max_tokens=150, this command train.max_tokens=200"):
+        make_trainer(toy_corpus, run, max_updates=8, max_tokens=200).resume()
+    # what may change between stretches of a run: the budget, validation, logging
+    assert make_trainer(toy_corpus, run, max_updates=8, max_epochs=9, valid_bleu=True, log_every=2).resume()
+    anyway = make_trainer(toy_corpus, run, max_updates=8, lr=1e-3, resume_anyway=True)
+    assert anyway.resume() and anyway.update == 4 and "continuing as train.resume_anyway=true asks" in caplog.text
