@@ -11,6 +11,7 @@ import logging
 import os
 import random
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +74,13 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def remove_orphans(run_dir: Path) -> list[Path]:
-    """Delete temporary files of saves that a killed process never finished; returns them."""
+    """Delete (and name in a warning) temporary files of saves that a killed process never finished."""
     orphans = [p for p in run_dir.glob(".*.pt.tmp*") if p.is_file()]
     for p in orphans:
         p.unlink(missing_ok=True)
+    if orphans:
+        log.warning("removed %d unfinished checkpoint writes of a killed run: %s", len(orphans),
+                    ", ".join(p.name for p in orphans))  # fmt: skip
     return orphans
 
 
@@ -194,6 +198,55 @@ def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: 
     for name, obj in resumable.items():
         obj.load_state_dict(ckpt[name])
     return ckpt
+
+
+# ---------------------------------------------------------------------------- a Trainer's checkpoints
+
+
+def _resumable(trainer) -> dict:
+    return {"optimizer": trainer.optimizer, "scheduler": trainer.scheduler, "scaler": trainer.scaler,
+            "sampler": trainer.sampler}  # fmt: skip
+
+
+def trainer_state(trainer, full: bool, rngs: list | None = None) -> dict:
+    """What `trainer` (an mt.training.Trainer) saves: weights and progress; with `full`, all it needs to resume."""
+    progress = {"update": trainer.update, "epochs_done": trainer.epochs_done, "best": trainer.best}
+    if full:
+        progress.update(elapsed=trainer.budget.elapsed, bad_validations=trainer.bad_validations)
+    resumable = _resumable(trainer) if full else None
+    return training_state(trainer.model, trainer.corpus.vocabs, asdict(trainer.cfg), progress, resumable, rngs)
+
+
+def save_trainer(trainer, name: str, full: bool = True) -> Path:
+    """Write RUN_DIR/name (rank 0 writes; every rank calls it): a full one holds every rank's RNG states, so every
+    rank resumes exactly, and `checkpoint_last.pt` keeps its predecessor as a fallback."""
+    from mt import distributed
+
+    path = trainer.run_dir / name
+    rngs = distributed.all_gather(rng_state()) if full else None
+    if trainer.rank == 0:
+        save_atomic(trainer_state(trainer, full, rngs), path, keep_previous=name == "checkpoint_last.pt")
+    return path
+
+
+def resume_trainer(trainer) -> bool:
+    """Restore `trainer` from the checkpoint `train.resume` names, if any; returns whether it resumed."""
+    path = resume_path(trainer.tc.resume, trainer.run_dir)
+    if path is None:
+        return False
+    ckpt = restore_training(path, trainer.model, trainer.corpus.vocabs, _resumable(trainer))
+    now = run_fingerprint(asdict(trainer.cfg), trainer.world)
+    check_fingerprint(path, ckpt.get("fingerprint"), now, trainer.tc.resume_anyway)
+    rngs = ckpt.get("rng_per_rank") or [ckpt["rng"]]
+    set_rng_state(rngs[trainer.rank] if len(rngs) == trainer.world else ckpt["rng"])
+    trainer.update, trainer.epochs_done, trainer.best = ckpt["update"], ckpt["epochs_done"], ckpt["best"]
+    trainer.budget.elapsed, trainer.bad_validations = ckpt["elapsed"], ckpt["bad_validations"]
+    where = f"epoch {trainer.sampler.epoch + 1}, batch {trainer.sampler.position}"
+    log.info("resumed from %s at update %d (%s)", path, trainer.update, where)
+    return True
+
+
+# ---------------------------------------------------------------------------- loading
 
 
 def load(path: str | Path) -> dict:

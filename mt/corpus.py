@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from mt import checkpoint, data
 from mt.batching import BatchLoader, TokenBucketSampler
-from mt.config import Config
+from mt.config import Config, ConfigError
 from mt.tokenizer import Vocabs, build_vocabs, tokenize, with_bpe_dropout
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,12 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
     `train.bpe_dropout`)."""
     tc = cfg.train
     sampler = make_sampler(corpus.train, tc.max_tokens, tc.seed, True, world, rank)
+    if n := sampler.oversized():
+        longest = int(max(sampler.src_lens.max(), sampler.tgt_lens.max()))
+        raise ConfigError(
+            f"train.max_tokens={tc.max_tokens} is below the longest training pair ({longest} tokens, {n} pairs "
+            "over it); raise train.max_tokens or lower data.max_len"
+        )
     ahead = dict(prefetch=2, pin_memory=True) if cuda else {}
     if not tc.bpe_dropout:
         return sampler, BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler, **ahead), None

@@ -14,7 +14,6 @@ import functools
 import logging
 import math
 import signal
-from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from tqdm import tqdm
 
 from mt import checkpoint, distributed, runtime
 from mt.batching import Batch
-from mt.config import Config, ConfigError, DecodeConfig, TrainConfig
+from mt.config import Config, DecodeConfig, TrainConfig
 from mt.corpus import Corpus, training_batches
 from mt.evaluation import validation_bleu, validation_loss
 from mt.metrics import MetricsLog, RunningSums
@@ -73,6 +72,19 @@ def wrap_for_training(model: Transformer, tc: TrainConfig, world: int, device: t
     return wrapped
 
 
+def step_optimizer(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, update: int) -> bool:
+    """Step through the GradScaler; False when fp16 gradients overflowed and it skipped the step (which then is no
+    update: the schedule and the counters stay)."""
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    if scale is not None and scaler.get_scale() < scale:
+        log.warning("update %d: fp16 gradients overflowed; step skipped, loss scale now %g", update, scaler.get_scale())
+        return False
+    return True
+
+
 class Trainer:
     """Owns the model, optimizer, schedule and batches of one run; `fit` trains, `validate` scores."""
 
@@ -97,18 +109,11 @@ class Trainer:
         self.sampler, self.loader, self.segments = training_batches(
             corpus, cfg, self.world, self.rank, cuda=self.device.type == "cuda"
         )
-        if n := self.sampler.oversized():
-            longest = int(max(self.sampler.src_lens.max(), self.sampler.tgt_lens.max()))
-            raise ConfigError(f"train.max_tokens={self.tc.max_tokens} is below the longest training pair ({longest} "
-                              f"tokens, {n} pairs over it); raise train.max_tokens or lower data.max_len")  # fmt: skip
         self.best, self.bad_validations, self.nan_in_a_row = -math.inf, 0, 0
         self.stop_reason: str | None = None
         self.metrics = MetricsLog(run_dir, enabled=self.rank == 0, tensorboard=self.tc.tensorboard)
-        if self.rank == 0 and (orphans := checkpoint.remove_orphans(run_dir)):
-            log.warning("removed %d unfinished checkpoint writes of a killed run: %s", len(orphans),
-                        ", ".join(p.name for p in orphans))  # fmt: skip
-
-    # ---------------------------------------------------------------------------- one update
+        if self.rank == 0:
+            checkpoint.remove_orphans(run_dir)
 
     def backward(self, batches: list[Batch]) -> dict:
         """Forward/backward over `batches`, accumulating gradients normalised by their total target tokens. The
@@ -145,13 +150,7 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)
         if self.tc.clip_norm > 0:
             stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
-        if scale is not None and self.scaler.get_scale() < scale:  # fp16: inf/NaN gradients, the step was skipped
-            log.warning("update %d: fp16 gradients overflowed; step skipped, loss scale now %g", self.update + 1,
-                        self.scaler.get_scale())  # fmt: skip
+        if not step_optimizer(self.optimizer, self.scaler, self.update + 1):
             stats["skipped"] = True
             return stats
         self.update += 1
@@ -169,8 +168,6 @@ class Trainer:
                 f"{self.nan_in_a_row} non-finite losses in a row at update {self.update}; lower the learning "
                 "rate (train.lr / train.noam_scale), set train.clip_norm, or try train.precision=fp32"
             )
-
-    # ---------------------------------------------------------------------------- validation
 
     def validate(self, bleu_subset: int | None = None) -> dict:
         """Validation loss/perplexity, and BLEU of the decode config's search on (a subset of) the val split.
@@ -203,44 +200,15 @@ class Trainer:
                 self.stop_reason = f"no improvement in {self.tc.patience} validations (patience)"
         distributed.barrier()
 
-    # ---------------------------------------------------------------------------- checkpoints
-
-    def _resumable(self) -> dict:
-        return dict(optimizer=self.optimizer, scheduler=self.scheduler, scaler=self.scaler, sampler=self.sampler)
-
-    def state(self, full: bool, rngs: list | None = None) -> dict:
-        progress = {"update": self.update, "epochs_done": self.epochs_done, "best": self.best}
-        if full:
-            progress.update(elapsed=self.budget.elapsed, bad_validations=self.bad_validations)
-        resumable = self._resumable() if full else None
-        cfg, vocabs = asdict(self.cfg), self.corpus.vocabs
-        return checkpoint.training_state(self.model, vocabs, cfg, progress, resumable, rngs)
+    def state(self, full: bool) -> dict:
+        return checkpoint.trainer_state(self, full)
 
     def save(self, name: str, full: bool = True) -> Path:
-        """Write a checkpoint (rank 0); a full one holds every rank's RNG states, so every rank resumes exactly."""
-        path = self.run_dir / name
-        rngs = distributed.all_gather(checkpoint.rng_state()) if full else None
-        if self.rank == 0:  # the resumable checkpoint keeps its predecessor as a fallback
-            checkpoint.save_atomic(self.state(full, rngs), path, keep_previous=name == "checkpoint_last.pt")
-        return path
+        return checkpoint.save_trainer(self, name, full)
 
     def resume(self) -> bool:
         """Continue from `train.resume` (a path) or, with `auto`, the run dir's last checkpoint if there is one."""
-        path = checkpoint.resume_path(self.tc.resume, self.run_dir)
-        if path is None:
-            return False
-        ckpt = checkpoint.restore_training(path, self.model, self.corpus.vocabs, self._resumable())
-        now = checkpoint.run_fingerprint(asdict(self.cfg), self.world)
-        checkpoint.check_fingerprint(path, ckpt.get("fingerprint"), now, self.tc.resume_anyway)
-        rngs = ckpt.get("rng_per_rank") or [ckpt["rng"]]
-        checkpoint.set_rng_state(rngs[self.rank] if len(rngs) == self.world else ckpt["rng"])
-        self.update, self.epochs_done, self.best = ckpt["update"], ckpt["epochs_done"], ckpt["best"]
-        self.budget.elapsed, self.bad_validations = ckpt["elapsed"], ckpt["bad_validations"]
-        where = f"epoch {self.sampler.epoch + 1}, batch {self.sampler.position}"
-        log.info("resumed from %s at update %d (%s)", path, self.update, where)
-        return True
-
-    # ---------------------------------------------------------------------------- the loop
+        return checkpoint.resume_trainer(self)
 
     def _on_signal(self, signum, frame) -> None:
         self.stop_reason = signal.Signals(signum).name
