@@ -16,9 +16,6 @@ if __name__ == "__main__":  # a bad override answers before torch loads
     check_command_line("translate")
 
 import logging
-import time
-from dataclasses import asdict
-from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -27,17 +24,7 @@ from omegaconf import DictConfig
 from mt import checkpoint
 from mt.config import TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.evaluation import write_report
-from mt.inference import (
-    open_output,
-    output_lines,
-    plot_first_line,
-    read_input,
-    read_references,
-    run_decode_settings,
-    translate_lines,
-    write_output,
-)
+from mt.inference import run_decode_settings, translate_stream, translate_whole
 from mt.runtime import keep_freed_memory_in_the_heap, pick_autocast, pick_device, use_tf32
 
 log = logging.getLogger("translate")
@@ -62,31 +49,11 @@ def main(dcfg: DictConfig) -> None:
         device = pick_device(cfg.device)
         model.to(device).eval()
         use_tf32(device)
-        lines = read_input(cfg.input, cfg.input_errors)
-        refs = read_references(cfg.references, ckpt, len(lines)) if cfg.references else None
-        out = open_output(cfg.output)
-        start = time.perf_counter()
-        src_ids, hyps, texts = translate_lines(model, vocabs, lines, d, device, pick_autocast(cfg.precision, device))
-        seconds = max(time.perf_counter() - start, 1e-9)
-        write_output(out, output_lines(hyps, texts, vocabs, d.nbest))
-        n_tokens = sum(len(h[0].tokens) for h in hyps)
-        speed = {"sentences_per_s": len(lines) / seconds, "tokens_per_s": n_tokens / seconds}
-        log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", len(lines), seconds, *speed.values())
-        if refs is not None:
-            report_dir = Path(cfg.report_dir or (Path(cfg.output).parent if cfg.output != "-" else "."))
-            r = write_report(
-                report_dir, "", lines, texts, refs, {**speed, "decode": asdict(d), "checkpoint": ckpt["path"]}
-            )
-            log.info("%s", r["bleu_detail"])
-            log.info(
-                "BLEU %.2f (lowercased %.2f), chrF %.2f; report in %s",
-                r["bleu"],
-                r["bleu_lowercase"],
-                r["chrf"],
-                report_dir / "report.md",
-            )
-        if cfg.plot_attention:
-            plot_first_line(model, vocabs, src_ids, hyps, cfg)
+        amp = pick_autocast(cfg.precision, device)
+        if cfg.references or cfg.plot_attention:  # these need the whole input
+            translate_whole(cfg, ckpt, model, vocabs, device, amp)
+        else:
+            translate_stream(cfg, model, vocabs, device, amp)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -149,6 +149,9 @@ class TranslateConfig:
     checkpoint: str = MISSING  # a run dir (uses its best checkpoint) or a .pt file
     input: str = "-"  # a file, or - for stdin
     input_errors: str = "strict"  # bytes that are not UTF-8: strict (a one-line error naming the line) | replace
+    # Lines read, translated and written at a time: memory stays bounded for any input (without references and
+    # plot_attention, which need the whole input).
+    stream_lines: int = 10000
     output: str = "-"  # a file, or - for stdout
     references: str | None = None  # a file, or a split name of the checkpoint's data config (e.g. test_2016_flickr)
     report_dir: str | None = None  # where report.json/md go; default: next to the output
@@ -174,6 +177,8 @@ def to_dataclass(cfg: DictConfig) -> Any:
         validate_decode(obj.decode)
         _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
         _choice("input_errors", obj.input_errors, ("strict", "replace"))
+        if obj.stream_lines < 1:
+            raise ConfigError(f"stream_lines={obj.stream_lines} is below its minimum 1; fix the override")
     return obj
 
 

@@ -30,7 +30,7 @@ class DataError(ValueError):
 # --------------------------------------------------------------------------------------------- reading files
 
 
-def _open_binary(path: Path):
+def open_binary(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
 
 
@@ -42,7 +42,7 @@ def read_lines(path: Path) -> Iterator[str]:
     """
     lineno = 0
     try:
-        with _open_binary(path) as f:
+        with open_binary(path) as f:
             for lineno, raw in enumerate(f, start=1):  # noqa: B007
                 yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
     except UnicodeDecodeError as e:
@@ -57,7 +57,7 @@ def read_lines(path: Path) -> Iterator[str]:
 def read_bytes(path: Path) -> bytes:
     """The whole content of a plain or gzipped file."""
     try:
-        with _open_binary(path) as f:
+        with open_binary(path) as f:
             return f.read()
     except (gzip.BadGzipFile, EOFError) as e:
         raise DataError(f"{path}: not a readable gzip file ({e}); re-download or gunzip it") from None

@@ -6,13 +6,16 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 from mt import data
 from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig
-from mt.evaluation import translate_ids
+from mt.evaluation import translate_ids, write_report
 from mt.plots import cross_attention, plot_attention
 from mt.search import Hypothesis
 from mt.tokenizer import Vocabs
@@ -29,6 +32,48 @@ def read_input(path: str, errors: str = "strict") -> list[str]:
     return split_lines(data.read_bytes(Path(path)), path, errors)
 
 
+def input_chunks(path: str, errors: str, size: int) -> Iterator[list[str]]:
+    """The input's lines (as `split_lines` cuts and decodes them) `size` at a time, read as they are needed, so that
+    memory stays bounded whatever the input's length. The file is opened now: a missing one fails before any work."""
+    if path == "-":
+        stream, name = sys.stdin.buffer, "stdin"
+    elif Path(path).is_file():
+        stream, name = data.open_binary(Path(path)), path
+    else:
+        raise data.DataError(f"input={path}: no such file; give an existing file or - for stdin")
+
+    def chunks() -> Iterator[list[str]]:
+        chunk, replaced, lineno = [], 0, 0
+        try:
+            for lineno, raw in enumerate(stream, start=1):  # binary lines end at b"\n" only
+                line = decode_line(raw.rstrip(b"\n"), name, lineno, errors)
+                replaced += "\ufffd" in line and errors == "replace"
+                chunk.append(line)
+                if len(chunk) == size:
+                    yield chunk
+                    chunk = []
+        except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+            raise data.DataError(f"{name}:{lineno + 1}: cannot be read ({e}); check or re-create the file") from None
+        if chunk:
+            yield chunk
+        if replaced:
+            log.warning("%s: %d lines had bytes that are not UTF-8, replaced by U+FFFD", name, replaced)
+
+    return chunks()
+
+
+def decode_line(raw: bytes, name: str, lineno: int, errors: str) -> str:
+    try:
+        return raw.decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        if errors != "replace":
+            raise data.DataError(
+                f"{name}:{lineno}: bytes that are not UTF-8 ({e.reason}); re-encode the input as UTF-8 "
+                "or set input_errors=replace"
+            ) from None
+        return raw.decode("utf-8", errors="replace").strip()
+
+
 def split_lines(raw: bytes, name: str, errors: str = "strict") -> list[str]:
     """Lines of `raw`, each stripped. Lines end at "\n" only (a "\r", U+2028 or U+0085 inside a line stays in it,
     so there is one output line per input line). Bytes that are not UTF-8 stop with an error naming the line, or
@@ -38,15 +83,8 @@ def split_lines(raw: bytes, name: str, errors: str = "strict") -> list[str]:
         lines.pop()
     out, replaced = [], []
     for i, line in enumerate(lines, start=1):
-        try:
-            out.append(line.decode("utf-8").strip())
-        except UnicodeDecodeError as e:
-            if errors != "replace":
-                raise data.DataError(
-                    f"{name}:{i}: bytes that are not UTF-8 ({e.reason}); re-encode the input as UTF-8 "
-                    "or set input_errors=replace"
-                ) from None
-            out.append(line.decode("utf-8", errors="replace").strip())
+        out.append(decode_line(line, name, i, errors))
+        if errors == "replace" and "\ufffd" in out[-1]:
             replaced.append(i)
     if replaced:
         log.warning("%s: %d lines had bytes that are not UTF-8, replaced by U+FFFD (first: line %d)", name,
@@ -81,18 +119,18 @@ def translate_lines(model, vocabs: Vocabs, lines: list[str], cfg: DecodeConfig, 
     return src_ids, hyps, vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
 
 
-def output_lines(hyps: list[list[Hypothesis]], texts: list[str], vocabs: Vocabs, nbest: int) -> list[str]:
-    """One line per input, or with nbest > 1 Moses-style "i ||| hypothesis ||| score" lines."""
+def output_lines(
+    hyps: list[list[Hypothesis]], texts: list[str], vocabs: Vocabs, nbest: int, first: int = 0
+) -> list[str]:
+    """One line per input, or with nbest > 1 Moses-style "i ||| hypothesis ||| score" lines (i from `first`)."""
     if nbest == 1:
         return texts
-    return [f"{i} ||| {vocabs.tgt.decode(h.tokens)} ||| {h.score:.4f}" for i, hs in enumerate(hyps) for h in hs]
+    return [f"{first + i} ||| {vocabs.tgt.decode(h.tokens)} ||| {h.score:.4f}" for i, hs in enumerate(hyps) for h in hs]
 
 
 def write_output(stream, lines: list[str]) -> None:
     stream.write("".join(line + "\n" for line in lines))
     stream.flush()
-    if stream is not sys.stdout:
-        stream.close()
 
 
 def read_references(spec: str, ckpt: dict, n: int) -> list[str]:
@@ -141,3 +179,37 @@ def plot_first_line(
     plot_attention(matrix, src_tok, out_tok, Path(cfg.plot_attention))
     torch.save(matrix, Path(cfg.plot_attention).with_suffix(".attn.pt"))
     log.info("cross-attention of line %d (%dx%d) plotted to %s", first + 1, *matrix.shape, cfg.plot_attention)
+
+
+def translate_stream(cfg: TranslateConfig, model, vocabs, device, amp) -> None:
+    """`stream_lines` lines at a time: read, translated, written (bounded memory, output as it is ready)."""
+    chunks = input_chunks(cfg.input, cfg.input_errors, cfg.stream_lines)
+    out, done, n_tokens, start = open_output(cfg.output), 0, 0, time.perf_counter()
+    for lines in chunks:
+        _, hyps, texts = translate_lines(model, vocabs, lines, cfg.decode, device, amp)
+        write_output(out, output_lines(hyps, texts, vocabs, cfg.decode.nbest, first=done))
+        done, n_tokens = done + len(lines), n_tokens + sum(len(h[0].tokens) for h in hyps)
+    seconds = max(time.perf_counter() - start, 1e-9)
+    log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", done, seconds, done / seconds, n_tokens / seconds)
+
+
+def translate_whole(cfg: TranslateConfig, ckpt: dict, model, vocabs, device, amp) -> None:
+    """The whole input at once, for a report against references and for the attention plot."""
+    lines = read_input(cfg.input, cfg.input_errors)
+    refs = read_references(cfg.references, ckpt, len(lines)) if cfg.references else None
+    out, start = open_output(cfg.output), time.perf_counter()
+    src_ids, hyps, texts = translate_lines(model, vocabs, lines, cfg.decode, device, amp)
+    seconds = max(time.perf_counter() - start, 1e-9)
+    write_output(out, output_lines(hyps, texts, vocabs, cfg.decode.nbest))
+    n_tokens = sum(len(h[0].tokens) for h in hyps)
+    speed = {"sentences_per_s": len(lines) / seconds, "tokens_per_s": n_tokens / seconds}
+    log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", len(lines), seconds, *speed.values())
+    if refs is not None:
+        report_dir = Path(cfg.report_dir or (Path(cfg.output).parent if cfg.output != "-" else "."))
+        extra = {**speed, "decode": asdict(cfg.decode), "checkpoint": ckpt["path"]}
+        r = write_report(report_dir, "", lines, texts, refs, extra)
+        log.info("%s", r["bleu_detail"])
+        log.info("BLEU %.2f (lowercased %.2f), chrF %.2f; report in %s", r["bleu"], r["bleu_lowercase"], r["chrf"],
+                 report_dir / "report.md")  # fmt: skip
+    if cfg.plot_attention:
+        plot_first_line(model, vocabs, src_ids, hyps, cfg)

@@ -71,3 +71,33 @@ def test_bytes_that_are_not_utf8_are_named_or_replaced(caplog):
         split_lines(b"fine\nbad \xff\xfe here\n", "stdin")
     assert split_lines(b"fine\nbad \xff here\n", "stdin", errors="replace") == ["fine", "bad \ufffd here"]
     assert "1 lines had bytes that are not UTF-8" in caplog.text
+
+
+def test_input_chunks_cut_lines_like_the_whole_input_and_name_the_right_line(tmp_path):
+    from mt.data import DataError
+    from mt.inference import input_chunks
+
+    raw = "a\n\nb\u2028c\r\nd\n e \nf".encode()
+    (tmp_path / "in.txt").write_bytes(raw)
+    chunks = list(input_chunks(str(tmp_path / "in.txt"), "strict", 2))
+    assert [len(c) for c in chunks] == [2, 2, 2] and sum(chunks, []) == split_lines(raw, "x")
+    (tmp_path / "bad.txt").write_bytes(b"one\ntwo\nthree\nfo\xffur\n")
+    with pytest.raises(DataError, match=r"bad.txt:4: bytes that are not UTF-8"):
+        list(input_chunks(str(tmp_path / "bad.txt"), "strict", 2))
+    with pytest.raises(DataError, match="no such file"):
+        input_chunks(str(tmp_path / "missing.txt"), "strict", 2)  # at once, not when the first chunk is read
+
+
+def test_streamed_translation_equals_the_whole_input_at_once(tmp_path):
+    """translate.py reads, translates and writes `stream_lines` lines at a time: the same lines come out, n-best
+    numbering runs on across chunks."""
+    corpus, run_dir = write_toy_corpus(tmp_path / "corpus"), tmp_path / "run"
+    assert run(train_args(corpus, run_dir)).returncode == 0
+    text = "".join(line + "\n" for line in (corpus / "test.xx").read_text().splitlines()[:7]) + "\n"
+    common = ["translate.py", f"checkpoint={run_dir}", "decode.beam_size=2", "decode.nbest=2"]
+    streamed = run([*common, "stream_lines=3"], text)
+    at_once = run([*common, "stream_lines=100"], text)
+    assert streamed.returncode == at_once.returncode == 0, streamed.stderr[-2000:]
+    assert streamed.stdout == at_once.stdout
+    numbers = [int(line.split(b" ||| ")[0]) for line in streamed.stdout.splitlines()]
+    assert numbers == [i for i in range(8) for _ in range(2)]
