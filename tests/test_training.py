@@ -279,7 +279,17 @@ print(libc.mallinfo2().hblkhd - before)  # bytes glibc mapped for it with mmap (
 """
 
 
+def has_mallinfo2() -> bool:
+    import ctypes
+
+    try:
+        return hasattr(ctypes.CDLL("libc.so.6"), "mallinfo2")  # glibc >= 2.33
+    except OSError:
+        return False
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@pytest.mark.skipif(not has_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
 def test_freed_activations_stay_in_the_heap():
     """With glibc's defaults a 6 MiB tensor is its own mmap, unmapped on free and faulted in (and zeroed) again by
     the next step; after `keep_freed_memory_in_the_heap()` it comes from the heap, where freed blocks are reused."""
