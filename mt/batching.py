@@ -24,19 +24,24 @@ from mt.tokenizer import BOS, EOS, PAD
 def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, order: np.ndarray) -> list[np.ndarray]:
     """Cut `order` (indices, already sorted by length) greedily into batches whose padded size fits `max_tokens`.
 
-    A sentence that alone exceeds the budget gets a batch of its own (the caller filters those out if it wants).
+    Greedy: a batch takes sentences in order while `n_sentences * longest` (source or target) stays within the
+    budget. Each cut is found with numpy over a window of the sentences that follow (a running maximum of the
+    lengths times the running count), the window growing until it holds the cut. A sentence that alone exceeds the
+    budget gets a batch of its own (the caller filters those out if it wants).
     """
-    batches, start, max_src, max_tgt = [], 0, 0, 0
-    for i, idx in enumerate(order):
-        s, t = int(src_lens[idx]), int(tgt_lens[idx])
-        new_src, new_tgt = max(max_src, s), max(max_tgt, t)
-        n = i - start + 1
-        if n > 1 and max(new_src, new_tgt) * n > max_tokens:
-            batches.append(order[start:i])
-            start, new_src, new_tgt = i, s, t
-        max_src, max_tgt = new_src, new_tgt
-    if start < len(order):
-        batches.append(order[start:])
+    longest = np.maximum(src_lens[order], tgt_lens[order])
+    batches, start, window, n = [], 0, 64, len(order)
+    while start < n:
+        stop = min(n, start + window)
+        size = np.maximum.accumulate(longest[start:stop]) * np.arange(1, stop - start + 1)
+        over = np.flatnonzero(size[1:] > max_tokens)  # the first sentence always fits: size[0] is never a cut
+        if len(over) == 0 and stop < n:
+            window *= 2  # the batch may go on past the window
+            continue
+        end = start + 1 + int(over[0]) if len(over) else n
+        batches.append(order[start:end])
+        window = max(64, 2 * (end - start))
+        start = end
     return batches
 
 
@@ -91,10 +96,13 @@ class TokenBucketSampler(Sampler[list[int]]):
         n = len(self.src_lens)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
         batches = []
+        # Sort key: target length, then source length, in one integer (16 bits when it fits: numpy radix-sorts those).
+        key = self.tgt_lens * (int(self.src_lens.max()) + 1) + self.src_lens
+        key = key.astype(np.uint16) if key.max() < 1 << 16 else key
         for start in range(0, n, self.pool_size):
             pool = order[start : start + self.pool_size]
-            # Stable sort by (target, source) length: ties keep the shuffled order, so batch contents vary by epoch.
-            pool = pool[np.lexsort((self.src_lens[pool], self.tgt_lens[pool]))]
+            # A stable sort: ties keep the shuffled order, so batch contents vary by epoch.
+            pool = pool[np.argsort(key[pool], kind="stable")]
             batches += make_batches(self.src_lens, self.tgt_lens, self.max_tokens, pool)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
