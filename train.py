@@ -41,15 +41,15 @@ def main(dcfg: DictConfig) -> None:
         if not cfg.train.progress:  # no bars at all, also none from `datasets` while it reads and maps the corpus
             datasets.disable_progress_bars()
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        rank = distributed.init_distributed(cfg.train.device)
+        rank = distributed.init_distributed(cfg.train.device, cfg.train.wait_timeout)
         if rank != 0:
             logging.getLogger().setLevel(logging.WARNING)
-        # Rank 0 trains the tokenizer and fills the datasets cache; the others then reuse both.
+        # Rank 0 trains the tokenizer and fills the cache (or `python -m mt.prepare` did); the others then reuse both.
         if rank != 0:
-            distributed.barrier()
+            distributed.wait_for_rank0()
         corpus = prepare_data(cfg, run_dir, cfg.model.max_positions)
         if rank == 0:
-            distributed.barrier()
+            distributed.wait_for_rank0()
         trainer = Trainer(cfg, corpus, run_dir)
         trainer.resume()
         if rank == 0:  # written once the run dir's checkpoints are known to belong to this config
@@ -68,6 +68,7 @@ def main(dcfg: DictConfig) -> None:
         log.info("training stopped (%s) after %d updates, %.1f min", reason, trainer.update, minutes)
         if rank == 0:
             finish(trainer)
+        distributed.wait_for_rank0()  # the other ranks wait for the test reports, then all leave together
         trainer.metrics.close()
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)

@@ -47,7 +47,9 @@ def main() -> None:
     train = data.drop_empty(train, "train")
     t_load = time.perf_counter() - t
     t = time.perf_counter()
-    vocabs = build_vocabs(TokenizerConfig(vocab_size=args.vocab_size), train, Path(tempfile.mkdtemp()))
+    vocabs = build_vocabs(
+        TokenizerConfig(vocab_size=args.vocab_size), data.TextPairs.of_table(train), Path(tempfile.mkdtemp())
+    )
     t_bpe = time.perf_counter() - t
     t = time.perf_counter()
     ds = data.filter_lengths(tokenize(train, vocabs), cfg.max_len, cfg.max_ratio, "train")

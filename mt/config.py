@@ -52,6 +52,10 @@ class TokenizerConfig:
     min_frequency: int = 2
     # Unicode normalization applied before BPE: NFC keeps text identical for any NFC input (round trip holds).
     normalization: str = "NFC"
+    # BPE is learned from a uniform random sample of this many training pairs (0 = all of them); the counts used
+    # are recorded in tokenizer.meta.json. A million pairs learn the merges of a WMT-size corpus (fairseq and
+    # SentencePiece recipes sample similarly) in a fraction of the time and memory.
+    sample_pairs: int = 1_000_000
     # Load this tokenizer.json instead of training one.
     path: str | None = None
 
@@ -113,6 +117,9 @@ class TrainConfig:
     # data, world size, ...: mt.checkpoint.RESUME_KEYS); without it such a resume stops with an error.
     resume_anyway: bool = False
     max_nan_updates: int = 5
+    # torchrun: minutes the other ranks wait while rank 0 alone prepares the corpus or validates (NCCL's own
+    # timeout, 10 minutes, would end a first WMT run during its BPE and tokenization).
+    wait_timeout: float = 120.0
     log_every: int = 50
     progress: bool = True
     # Also write metrics.jsonl's scalars to RUN_DIR/tb/ for TensorBoard; null = when the package is installed.
@@ -200,6 +207,7 @@ def validate(cfg: Config) -> None:
         ("data.max_len", cfg.data.max_len, 1),
         ("data.max_ratio", cfg.data.max_ratio, 1.0),
         ("tokenizer.vocab_size", cfg.tokenizer.vocab_size, 8),
+        ("tokenizer.sample_pairs", cfg.tokenizer.sample_pairs, 0),
         ("model.d_model", cfg.model.d_model, 1),
         ("model.n_heads", cfg.model.n_heads, 1),
         ("model.d_ff", cfg.model.d_ff, 1),
@@ -218,6 +226,7 @@ def validate(cfg: Config) -> None:
         ("train.keep_last", cfg.train.keep_last, 0),
         ("train.average_last", cfg.train.average_last, 0),
         ("train.max_nan_updates", cfg.train.max_nan_updates, 1),
+        ("train.wait_timeout", cfg.train.wait_timeout, 0.1),
     ):
         if value < low:
             raise ConfigError(f"{key}={value} is below its minimum {low}; fix the override or config file")

@@ -8,12 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import datasets
+import numpy as np
 import torch.distributed as dist
 
 from mt import checkpoint, data
 from mt.batching import BatchLoader, TokenBucketSampler
 from mt.config import Config, ConfigError
-from mt.tokenizer import Vocabs, build_vocabs, tokenize, with_bpe_dropout
+from mt.tokenizer import Vocabs, build_vocabs, tokenize, tokenize_pairs, with_bpe_dropout
 
 log = logging.getLogger(__name__)
 
@@ -21,21 +22,26 @@ log = logging.getLogger(__name__)
 @dataclass
 class Corpus:
     vocabs: Vocabs
-    train: datasets.Dataset  # tokenized and filtered
+    train: datasets.Dataset  # ids and lengths of the pairs kept by the filters
     valid: datasets.Dataset  # tokenized; `src`/`tgt` raw for BLEU
+    train_text: data.TextPairs  # the training pairs as text (read again only for BPE-dropout)
+    train_rows: np.ndarray  # which of them `train` kept
 
 
 def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
-    """Load the training and validation splits, train (or reuse) the BPE, tokenize (cached) and filter."""
+    """Train (or reuse) the BPE, tokenize the training pairs into the cache (or map the cached table), filter them
+    by length; load and tokenize the validation split."""
     dc = cfg.data
     log.info("data: %s", data.describe(dc))
-    train = data.drop_empty(data.load_split(dc, dc.train_split), f"{dc.name}/{dc.train_split}")
+    text = data.TextPairs.of_split(dc, dc.train_split)
     resuming = checkpoint.resume_path(cfg.train.resume, run_dir) is not None
-    vocabs = build_vocabs(cfg.tokenizer, train, run_dir, resuming)
+    vocabs = build_vocabs(cfg.tokenizer, text, run_dir, resuming, data.cache_root(dc))
     max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
-    train = data.filter_lengths(tokenize(train, vocabs), max_len, dc.max_ratio, f"{dc.name}/{dc.train_split}")
+    tokens = tokenize_pairs(text, vocabs, data.cache_root(dc))
+    rows = data.length_filter(tokens, max_len, dc.max_ratio, text.where)
     valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
-    return Corpus(vocabs, train, truncate(tokenize(valid, vocabs), max_len, dc.valid_split))
+    valid = truncate(tokenize(valid, vocabs), max_len, dc.valid_split)
+    return Corpus(vocabs, data.select_rows(tokens, rows), valid, text, rows)
 
 
 def truncate(ds: datasets.Dataset, max_len: int, name: str) -> datasets.Dataset:
@@ -77,9 +83,19 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
     ahead = dict(prefetch=2, pin_memory=True) if cuda else {}
     if not tc.bpe_dropout:
         return sampler, BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler, **ahead), None
+    if len(corpus.train) > BPE_DROPOUT_MAX_PAIRS:
+        raise ConfigError(
+            f"train.bpe_dropout={tc.bpe_dropout} re-segments every training pair in memory each epoch and sends "
+            f"them to every rank, which holds up to {BPE_DROPOUT_MAX_PAIRS:,} pairs; this corpus has "
+            f"{len(corpus.train):,}: set train.bpe_dropout=0"
+        )
     max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
-    segments = BPEDropoutSegments(corpus.train, corpus.vocabs, tc.bpe_dropout, max_len, world, rank)
+    segments = BPEDropoutSegments(corpus, tc.bpe_dropout, max_len, world, rank)
     return sampler, BatchLoader(segments, sampler, **ahead), segments
+
+
+# BPE-dropout keeps the training text and this epoch's ids as Python lists (~1 KB a pair with both sides).
+BPE_DROPOUT_MAX_PAIRS = 500_000
 
 
 class BPEDropoutSegments:
@@ -92,11 +108,14 @@ class BPEDropoutSegments:
     segments and broadcasts so that every rank cuts the same batches.
     """
 
-    def __init__(self, train: datasets.Dataset, vocabs: Vocabs, p: float, max_len: int, world: int, rank: int):
-        cols = train.select_columns(["src", "tgt", "src_ids", "tgt_ids"])[:]
-        self.texts = {"src_ids": cols["src"], "tgt_ids": cols["tgt"]}
-        self.fallback = {"src_ids": cols["src_ids"], "tgt_ids": cols["tgt_ids"]}
+    def __init__(self, corpus: Corpus, p: float, max_len: int, world: int, rank: int):
+        pairs = list(corpus.train_text)
+        kept = [pairs[i] for i in corpus.train_rows]
+        self.texts = {"src_ids": [s for s, _ in kept], "tgt_ids": [t for _, t in kept]}
+        ids = corpus.train.select_columns(["src_ids", "tgt_ids"])[:]
+        self.fallback = {"src_ids": ids["src_ids"], "tgt_ids": ids["tgt_ids"]}
         self.ids = dict(self.fallback)
+        vocabs = corpus.vocabs
         src = with_bpe_dropout(vocabs.src, p)
         self.tokenizers = {"src_ids": src, "tgt_ids": src if vocabs.joint else with_bpe_dropout(vocabs.tgt, p)}
         self.max_len, self.world, self.rank = max_len, world, rank

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from mt.config import DataConfig
 
@@ -76,13 +78,21 @@ def _find(dir: Path, split: str, lang: str) -> Path:
     )
 
 
-def _count_lines(path: Path) -> int:
-    return sum(1 for _ in read_lines(path))
-
-
 def _parallel_pairs(src_path: str, tgt_path: str, fingerprint: str) -> Iterator[dict]:
-    del fingerprint  # only part of the cache key: the files' size and mtime
-    for s, t in zip(read_lines(Path(src_path)), read_lines(Path(tgt_path)), strict=True):
+    """The pairs of two line-aligned files. Runs only when datasets has no cache for these files (size and mtime
+    in `fingerprint`), so a second run never reads the corpus; files of unequal length fail at the end."""
+    del fingerprint
+    src_lines, tgt_lines = read_lines(Path(src_path)), read_lines(Path(tgt_path))
+    n = 0
+    for s, t in itertools.zip_longest(src_lines, tgt_lines):
+        if s is None or t is None:
+            n_src = n + (s is not None) + sum(1 for _ in src_lines)
+            n_tgt = n + (t is not None) + sum(1 for _ in tgt_lines)
+            raise DataError(
+                f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; a parallel corpus needs one "
+                "sentence per line on both sides, in the same order"
+            )
+        n += 1
         yield {"src": s.strip(), "tgt": t.strip()}
 
 
@@ -133,30 +143,30 @@ def _fingerprint(*paths: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def _from_generator(gen, gen_kwargs: dict, cfg: DataConfig) -> datasets.Dataset:
-    features = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
+def generate(gen: Callable[..., Iterator[dict]], gen_kwargs: dict, features, cache_dir: str | None):
+    """`datasets.Dataset.from_generator`, cached on the generator's code and arguments; our one-line errors raised
+    inside the generator come out as themselves."""
     try:
-        return datasets.Dataset.from_generator(gen, gen_kwargs=gen_kwargs, features=features, cache_dir=cfg.cache_dir)
+        return datasets.Dataset.from_generator(gen, gen_kwargs=gen_kwargs, features=features, cache_dir=cache_dir)
     except datasets.exceptions.DatasetGenerationError as e:
-        # Our own one-line errors are raised inside the generator; datasets wraps them.
         if isinstance(e.__cause__, DataError):
             raise e.__cause__ from None
         raise
 
 
-def _load_parallel(dir: Path, split: str, cfg: DataConfig) -> datasets.Dataset:
+TEXT_FEATURES = datasets.Features({"src": datasets.Value("string"), "tgt": datasets.Value("string")})
+
+
+Reader = tuple[Callable[..., Iterator[dict]], dict]  # a generator of {"src", "tgt"} dicts and its arguments
+
+
+def _parallel_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
     src_path, tgt_path = _find(dir, split, cfg.src_lang), _find(dir, split, cfg.tgt_lang)
-    n_src, n_tgt = _count_lines(src_path), _count_lines(tgt_path)
-    if n_src != n_tgt:
-        raise DataError(
-            f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; a parallel corpus needs one "
-            "sentence per line on both sides, in the same order"
-        )
     kwargs = {"src_path": str(src_path), "tgt_path": str(tgt_path), "fingerprint": _fingerprint(src_path, tgt_path)}
-    return _from_generator(_parallel_pairs, kwargs, cfg)
+    return _parallel_pairs, kwargs
 
 
-def _load_tsv(dir: Path, split: str, cfg: DataConfig) -> datasets.Dataset:
+def _tsv_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
     path = dir / f"{split}.tsv"
     if not path.is_file():
         raise DataError(f"{path}: no such file; check data.dir and the split name")
@@ -172,15 +182,15 @@ def _load_tsv(dir: Path, split: str, cfg: DataConfig) -> datasets.Dataset:
         "tgt_col": cfg.columns.index(cfg.tgt_lang),
         "fingerprint": _fingerprint(path),
     }
-    return _from_generator(_tsv_pairs, kwargs, cfg)
+    return _tsv_pairs, kwargs
 
 
-def _load_jsonl(dir: Path, split: str, cfg: DataConfig) -> datasets.Dataset:
+def _jsonl_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
     path = dir / f"{split}.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: no such file; check data.dir and the split name")
     kwargs = {"path": str(path), "src": cfg.src_lang, "tgt": cfg.tgt_lang, "fingerprint": _fingerprint(path)}
-    return _from_generator(_jsonl_pairs, kwargs, cfg)
+    return _jsonl_pairs, kwargs
 
 
 def hub_to_pairs(ds: datasets.Dataset, src: str, tgt: str, where: str) -> datasets.Dataset:
@@ -215,15 +225,76 @@ def _load_hub(split: str, cfg: DataConfig) -> datasets.Dataset:
     return hub_to_pairs(ds, cfg.src_lang, cfg.tgt_lang, where)
 
 
-def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
-    """Load one split of the configured corpus as a Dataset of stripped `src`/`tgt` strings."""
-    use_hub = cfg.format == "hub" or (cfg.hub_fallback and (cfg.dir is None or not Path(cfg.dir).is_dir()))
-    if use_hub:
-        return _load_hub(split, cfg)
+def _uses_hub(cfg: DataConfig) -> bool:
+    return cfg.format == "hub" or (cfg.hub_fallback and (cfg.dir is None or not Path(cfg.dir).is_dir()))
+
+
+def _local_reader(cfg: DataConfig, split: str) -> Reader:
     if cfg.dir is None or not Path(cfg.dir).is_dir():
         raise DataError(f"data.dir={cfg.dir!r} is not a directory; point data.dir at the corpus")
-    loader = {"parallel": _load_parallel, "tsv": _load_tsv, "jsonl": _load_jsonl}[cfg.format]
-    return loader(Path(cfg.dir), split, cfg)
+    reader = {"parallel": _parallel_reader, "tsv": _tsv_reader, "jsonl": _jsonl_reader}[cfg.format]
+    return reader(Path(cfg.dir), split, cfg)
+
+
+def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
+    """Load one split of the configured corpus as a Dataset of stripped `src`/`tgt` strings."""
+    if _uses_hub(cfg):
+        return _load_hub(split, cfg)
+    return generate(*_local_reader(cfg, split), TEXT_FEATURES, cfg.cache_dir)
+
+
+class TextPairs:
+    """A split's non-empty sentence pairs, read on demand: local files are streamed from disk each time (their text
+    is never copied into the cache), a hub dataset is iterated from its Arrow table. `fingerprint` identifies the
+    content (local files: path, size and mtime), so caches keyed on it are reused without reading the files."""
+
+    def __init__(self, where: str, fingerprint: str, reader: Reader | None = None, table=None):
+        self.where, self.fingerprint, self.reader, self.table = where, fingerprint, reader, table
+
+    @classmethod
+    def of_split(cls, cfg: DataConfig, split: str) -> TextPairs:
+        where = f"{cfg.name}/{split}"
+        if _uses_hub(cfg):
+            table = _load_hub(split, cfg)
+            return cls(where, table._fingerprint, table=table)
+        reader = _local_reader(cfg, split)
+        return cls(where, reader[1]["fingerprint"], reader=reader)
+
+    @classmethod
+    def of_table(cls, table: datasets.Dataset, where: str = "train") -> TextPairs:
+        """Pairs already in a Dataset with `src`/`tgt` columns."""
+        return cls(where, table._fingerprint, table=table)
+
+    def _all(self) -> Iterator[tuple[str, str]]:
+        if self.reader is not None:
+            gen, kwargs = self.reader
+            for pair in gen(**kwargs):
+                yield pair["src"], pair["tgt"]
+            return
+        for batch in self.table.iter(batch_size=2000):
+            yield from zip(batch["src"], batch["tgt"])
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        """The pairs with text on both sides; counts them in `n_read` and `n_empty` as it goes."""
+        self.n_read = self.n_empty = 0
+        for s, t in self._all():
+            self.n_read += 1
+            if s and t:
+                yield s, t
+            else:
+                self.n_empty += 1
+        if self.n_read == self.n_empty:
+            raise DataError(f"{self.where}: no non-empty sentence pairs; check the files and data.src_lang/tgt_lang")
+
+    def chunks(self, size: int) -> Iterator[list[tuple[str, str]]]:
+        it = iter(self)
+        while chunk := list(itertools.islice(it, size)):
+            yield chunk
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    """Where the tokenized corpora and BPE models of this machine are cached (`data.cache_dir` or datasets')."""
+    return Path(cfg.cache_dir or datasets.config.HF_DATASETS_CACHE)
 
 
 def split_path(cfg: DataConfig, split: str, lang: str) -> Path | None:
@@ -248,37 +319,43 @@ def drop_empty(ds: datasets.Dataset, where: str) -> datasets.Dataset:
     return ds
 
 
-def filter_lengths(ds: datasets.Dataset, max_len: int, max_ratio: float, where: str) -> datasets.Dataset:
-    """Drop tokenized pairs longer than `max_len` tokens or with a length ratio above `max_ratio`; report counts."""
-    n0 = len(ds)
-    ds = ds.filter(
-        lambda b: [len(s) <= max_len and len(t) <= max_len for s, t in zip(b["src_ids"], b["tgt_ids"])],
-        batched=True,
-        desc="max_len",
-    )
-    n1 = len(ds)
-    ds = ds.filter(
-        lambda b: [max(len(s), len(t)) <= max_ratio * min(len(s), len(t)) for s, t in zip(b["src_ids"], b["tgt_ids"])],
-        batched=True,
-        desc="ratio",
-    )
-    n2 = len(ds)
+def length_filter(ds: datasets.Dataset, max_len: int, max_ratio: float, where: str) -> np.ndarray:
+    """The rows of a tokenized table to keep: at most `max_len` tokens a side, a length ratio of at most
+    `max_ratio`; reports the counts. Reads only the `src_len`/`tgt_len` columns (numpy)."""
+    lengths = ds.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]
+    src, tgt = lengths["src_len"].astype(np.int64), lengths["tgt_len"].astype(np.int64)
+    fits = (src <= max_len) & (tgt <= max_len)
+    balanced = np.maximum(src, tgt) <= max_ratio * np.minimum(src, tgt)
+    kept = np.flatnonzero(fits & balanced)
+    n0, n_long, n_ratio = len(ds), int((~fits).sum()), int((fits & ~balanced).sum())
     log.info(
         "%s: %d pairs; removed %d longer than %d tokens, %d with length ratio > %g; %d left",
         where,
         n0,
-        n0 - n1,
+        n_long,
         max_len,
-        n1 - n2,
+        n_ratio,
         max_ratio,
-        n2,
+        len(kept),
     )
-    if n2 == 0:
+    if len(kept) == 0:
         raise DataError(
             f"{where}: no pairs left after filtering (max_len={max_len}, max_ratio={max_ratio}); "
             "check the corpus or relax data.max_len / data.max_ratio"
         )
-    return ds
+    return kept
+
+
+def select_rows(ds: datasets.Dataset, rows: np.ndarray) -> datasets.Dataset:
+    """`ds` seen through `rows` (an index over the memory-mapped table, not a copy)."""
+    if len(rows) == len(ds):
+        return ds
+    key = hashlib.sha256(ds._fingerprint.encode() + rows.tobytes()).hexdigest()[:32]
+    return ds.select(rows, new_fingerprint=key, writer_batch_size=100_000)
+
+
+def filter_lengths(ds: datasets.Dataset, max_len: int, max_ratio: float, where: str) -> datasets.Dataset:
+    return select_rows(ds, length_filter(ds, max_len, max_ratio, where))
 
 
 def describe(cfg: DataConfig) -> str:

@@ -7,32 +7,46 @@ stop validates the partial epoch, which has collectives; a signal exits to resum
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+_waiting_group = None  # a gloo group for waiting on rank 0, with its own (long) timeout
 
-def init_distributed(device: str) -> int:
+
+def init_distributed(device: str, wait_minutes: float = 120.0) -> int:
     """Join the torchrun process group if there is one; returns this process's rank. The backend follows the
-    training device (`train.device`): NCCL for CUDA, gloo for the CPU, even on a machine that has GPUs."""
+    training device (`train.device`): NCCL for CUDA, gloo for the CPU, even on a machine that has GPUs.
+    `wait_minutes`: how long the other ranks wait for rank 0 alone (see `wait_for_rank0`)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0
     on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if on_cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl" if on_cuda else "gloo")
+    init_waiting(wait_minutes)
     return dist.get_rank()
+
+
+def init_waiting(minutes: float) -> None:
+    """Create the group `wait_for_rank0` waits in (every rank must call this, after joining the process group)."""
+    global _waiting_group
+    _waiting_group = dist.new_group(backend="gloo", timeout=timedelta(minutes=minutes))
+
+
+def wait_for_rank0() -> None:
+    """A barrier for the times rank 0 works alone (preparing a corpus: BPE and tokenizing millions of pairs;
+    validating with beam search) while the other ranks wait. The process group's own timeout (NCCL: 10 minutes)
+    would end the run; this barrier waits in a gloo group whose timeout is `train.wait_timeout`."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier(group=_waiting_group)
 
 
 def world_and_rank() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
     return 1, 0
-
-
-def barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 def all_gather(obj) -> list:

@@ -198,7 +198,7 @@ class Trainer:
             log.info("validation at update %d: %s%s", self.update, figures, " (best)" if improved else "")
             if self.tc.patience and self.bad_validations >= self.tc.patience:
                 self.stop_reason = f"no improvement in {self.tc.patience} validations (patience)"
-        distributed.barrier()
+        distributed.wait_for_rank0()
 
     def state(self, full: bool) -> dict:
         return checkpoint.trainer_state(self, full)

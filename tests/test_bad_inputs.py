@@ -171,11 +171,14 @@ def _other_tokenizer(c, r, t):
     import datasets
 
     from mt.config import TokenizerConfig
+    from mt.data import TextPairs
     from mt.tokenizer import build_vocabs
 
     words = [" ".join(w[::-1] for w in line.split()) for line in lines_of(c / "train.xx")]
     build_vocabs(
-        TokenizerConfig(vocab_size=60, min_frequency=1), datasets.Dataset.from_dict({"src": words, "tgt": words}), t
+        TokenizerConfig(vocab_size=60, min_frequency=1),
+        TextPairs.of_table(datasets.Dataset.from_dict({"src": words, "tgt": words})),
+        t,
     )
     return [f"tokenizer.path={t / 'tokenizer.json'}"], None
 

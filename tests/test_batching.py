@@ -146,7 +146,7 @@ def test_collate_builds_teacher_forcing_pairs():
 def test_padding_efficiency_on_multi30k_train(tmp_path, capsys):
     cfg = DataConfig(name="multi30k", dir=str(MULTI30K), src_lang="en", tgt_lang="de")
     train = data.load_split(cfg, "train")
-    ds = tokenize(train, build_vocabs(TokenizerConfig(vocab_size=8000), train, tmp_path))
+    ds = tokenize(train, build_vocabs(TokenizerConfig(vocab_size=8000), data.TextPairs.of_table(train), tmp_path))
     src = np.array([len(s) + 1 for s in ds["src_ids"]])
     tgt = np.array([len(t) + 1 for t in ds["tgt_ids"]])
     bucketed = TokenBucketSampler(src, tgt, 4096, seed=1).padding_efficiency()

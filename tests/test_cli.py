@@ -300,6 +300,21 @@ def test_translate_decodes_with_the_runs_settings_unless_overridden():
     assert run_decode_settings(cli, {"config": None}, []) is cli
 
 
+def test_prepare_then_train_reuses_the_prepared_corpus(toy_corpus, tmp_path):
+    """`python -m mt.prepare` does rank 0's preparation as its own job; train.py then starts from the cache."""
+    common = [
+        "data=local", f"data.dir={toy_corpus}", "data.src_lang=xx", "data.tgt_lang=yy", "data.test_splits=[]",
+        f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=60", "tokenizer.min_frequency=1",
+        "model=transformer_tiny",
+    ]  # fmt: skip
+    p = run(["-m", "mt.prepare", *common, f"run_dir={tmp_path / 'prepared'}"])
+    assert "tokenized 200 pairs" in p.stderr and "prepared in" in p.stderr
+    p = run(["train.py", *common, f"run_dir={tmp_path / 'run'}", "train.max_updates=2", "train.valid_bleu=false",
+             "train.progress=false", "train.device=cpu", "train.average_last=0"])  # fmt: skip
+    assert "reusing the BPE trained on this corpus" in p.stderr and "reusing the tokenized corpus" in p.stderr
+    assert "tokenized 200 pairs" not in p.stderr
+
+
 def torchrun(args: list[str]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -119,10 +119,25 @@ def test_undecodable_bytes_name_file_and_line(tmp_path):
         data.load_split(cfg(tmp_path), "train")
 
 
+def with_lengths(src_ids: list, tgt_ids: list) -> datasets.Dataset:
+    lengths = {"src_len": [len(x) for x in src_ids], "tgt_len": [len(x) for x in tgt_ids]}
+    return datasets.Dataset.from_dict({"src_ids": src_ids, "tgt_ids": tgt_ids, **lengths})
+
+
 def test_corpus_empty_after_filtering(tmp_path):
-    ds = datasets.Dataset.from_dict({"src_ids": [[1] * 10], "tgt_ids": [[1] * 10]})
+    ds = with_lengths([[1] * 10], [[1] * 10])
     with pytest.raises(data.DataError, match="no pairs left after filtering"):
         data.filter_lengths(ds, max_len=5, max_ratio=3.0, where="train")
+
+
+def test_text_pairs_skip_empty_pairs_and_count_them(tmp_path):
+    write(tmp_path / "train.en", ["a b", "", "c", " "])
+    write(tmp_path / "train.de", ["x", "y", "", "z"])
+    pairs = data.TextPairs.of_split(cfg(tmp_path), "train")
+    assert list(pairs) == [("a b", "x")] and (pairs.n_read, pairs.n_empty) == (4, 3)
+    write(tmp_path / "train.de", ["", "y", "", "z"])
+    with pytest.raises(data.DataError, match="no non-empty sentence pairs"):
+        list(data.TextPairs.of_split(cfg(tmp_path), "train"))
 
 
 def test_all_empty_corpus(tmp_path):
@@ -133,11 +148,9 @@ def test_all_empty_corpus(tmp_path):
 
 
 def test_length_and_ratio_filters_count():
-    ds = datasets.Dataset.from_dict(
-        {"src_ids": [[1] * 3, [1] * 30, [1] * 2, [1] * 4], "tgt_ids": [[1] * 3, [1] * 3, [1] * 9, [1] * 5]}
-    )
+    ds = with_lengths([[1] * 3, [1] * 30, [1] * 2, [1] * 4, [1] * 2], [[1] * 3, [1] * 3, [1] * 9, [1] * 5, [1] * 6])
     kept = data.filter_lengths(ds, max_len=20, max_ratio=3.0, where="t")
-    assert [len(s) for s in kept["src_ids"]] == [3, 4]  # 30 is too long, 2 vs 9 exceeds ratio 3
+    assert [len(s) for s in kept["src_ids"]] == [3, 4, 2]  # 30 is too long, 2 vs 9 exceeds ratio 3; 2 vs 6 is 3
 
 
 @needs_multi30k()

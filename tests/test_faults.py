@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from benchmarks.fuzz_translate import fuzz
 from benchmarks.kill_resume import campaign
 from mt.config import DecodeConfig, TokenizerConfig
+from mt.data import TextPairs
 from mt.inference import output_lines, split_lines, translate_lines
 from mt.model import Transformer
 from mt.tokenizer import build_vocabs
@@ -41,7 +42,9 @@ def toy_translator(tmp_path_factory):
     corpus = write_toy_corpus(tmp_path_factory.mktemp("corpus"))
     texts = (corpus / "train.xx").read_text().splitlines() + ["ü é ß 猫 😀"]
     ds = datasets.Dataset.from_dict({"src": texts, "tgt": texts})
-    vocabs = build_vocabs(TokenizerConfig(vocab_size=80, min_frequency=1), ds, tmp_path_factory.mktemp("tok"))
+    vocabs = build_vocabs(
+        TokenizerConfig(vocab_size=80, min_frequency=1), TextPairs.of_table(ds), tmp_path_factory.mktemp("tok")
+    )
     torch.manual_seed(0)
     model = Transformer(tiny_model_config(max_positions=64), len(vocabs.src), len(vocabs.tgt)).eval()
     return model, vocabs

@@ -69,5 +69,6 @@ def test_torchrun_backend_follows_the_training_device(monkeypatch, device, cuda_
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
     monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda b: chosen.append(b))
+    monkeypatch.setattr(distributed.dist, "new_group", lambda backend, timeout: chosen.append(f"waiting: {backend}"))
     monkeypatch.setattr(distributed.dist, "get_rank", lambda: 0)
-    assert distributed.init_distributed(device) == 0 and chosen == [backend]
+    assert distributed.init_distributed(device) == 0 and chosen == [backend, "waiting: gloo"]

@@ -12,8 +12,9 @@ from tests.conftest import MULTI30K, needs_multi30k
 @pytest.fixture(scope="module")
 def multi30k_vocab(tmp_path_factory):
     cfg = DataConfig(name="multi30k", dir=str(MULTI30K), src_lang="en", tgt_lang="de")
-    train = data.load_split(cfg, "train")
-    vocabs = build_vocabs(TokenizerConfig(vocab_size=8000), train, tmp_path_factory.mktemp("tok"))
+    vocabs = build_vocabs(
+        TokenizerConfig(vocab_size=8000), data.TextPairs.of_split(cfg, "train"), tmp_path_factory.mktemp("tok")
+    )
     return vocabs, data.load_split(cfg, "val")
 
 
@@ -46,16 +47,18 @@ def tiny_train():
 
 def test_reused_when_unchanged_and_retrained_when_config_changes(tmp_path):
     train = tiny_train()
-    v1 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), train, tmp_path)
+    v1 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), data.TextPairs.of_table(train), tmp_path)
     mtime = (tmp_path / "tokenizer.json").stat().st_mtime_ns
-    v2 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), train, tmp_path)
+    v2 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), data.TextPairs.of_table(train), tmp_path)
     assert (tmp_path / "tokenizer.json").stat().st_mtime_ns == mtime and v1.src.digest() == v2.src.digest()
-    v3 = build_vocabs(TokenizerConfig(vocab_size=50, min_frequency=1), train, tmp_path)
+    v3 = build_vocabs(TokenizerConfig(vocab_size=50, min_frequency=1), data.TextPairs.of_table(train), tmp_path)
     assert len(v3.src) == 50
 
 
 def test_separate_vocabularies(tmp_path):
-    vocabs = build_vocabs(TokenizerConfig(vocab_size=40, joint=False, min_frequency=1), tiny_train(), tmp_path)
+    vocabs = build_vocabs(
+        TokenizerConfig(vocab_size=40, joint=False, min_frequency=1), data.TextPairs.of_table(tiny_train()), tmp_path
+    )
     assert not vocabs.joint
     assert (tmp_path / "tokenizer.src.json").is_file() and (tmp_path / "tokenizer.tgt.json").is_file()
     # Each side learned only its own language: German words are whole tokens on the target side only.
@@ -65,7 +68,7 @@ def test_separate_vocabularies(tmp_path):
 
 def test_tokenize_adds_id_columns_and_is_cached(tmp_path):
     train = tiny_train()
-    vocabs = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), train, tmp_path)
+    vocabs = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), data.TextPairs.of_table(train), tmp_path)
     a, b = tokenize(train, vocabs), tokenize(train, vocabs)
     assert a._fingerprint == b._fingerprint
     assert a[0]["src_ids"] == vocabs.src.encode("a small cat")

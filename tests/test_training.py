@@ -324,6 +324,37 @@ def on_two_ranks(target, *args) -> dict:
     return got
 
 
+def _wait_on_rank(rank: int, port: int, wait_minutes: float | None, out) -> None:
+    """One rank of `test_ranks_outwait_rank0_beyond_the_group_timeout`: rank 0 works for 4 s alone, in a process
+    group whose own timeout is 1.5 s."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from mt import distributed
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=1.5))  # fmt: skip
+    try:
+        if wait_minutes is not None:
+            distributed.init_waiting(wait_minutes)
+        if rank == 0:
+            time.sleep(4)  # preparing the corpus, or validating
+        try:
+            distributed.wait_for_rank0() if wait_minutes is not None else dist.barrier()
+            out.put((rank, "went on"))
+        except RuntimeError as e:  # gloo's timeout
+            out.put((rank, f"timed out: {str(e).splitlines()[0][:80]}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_outwait_rank0_beyond_the_group_timeout():
+    assert on_two_ranks(_wait_on_rank, 0.5) == {0: ["went on"], 1: ["went on"]}
+    plain = on_two_ranks(_wait_on_rank, None)  # what train.py did: a barrier under the group's timeout
+    assert plain[1][0].startswith("timed out")
+
+
 def _should_stop_on_rank(rank: int, port: int, elapsed: list[float], other: list, out) -> None:
     """One rank of `test_ranks_agree_on_why_they_stop`: Trainer._should_stop with this rank's clock and reason."""
     import types
@@ -378,8 +409,9 @@ def test_bpe_dropout_resegments_every_epoch_and_keeps_the_text(toy_corpus, tmp_p
         src_lens, tgt_lens = segments.resegment()
         ids = segments[list(range(len(train)))]
         assert [len(x) + 1 for x in ids["src_ids"]] == src_lens and [len(x) + 1 for x in ids["tgt_ids"]] == tgt_lens
-        assert vocab.decode_batch(ids["src_ids"]) == list(train["src"])
-        assert vocab.decode_batch(ids["tgt_ids"]) == list(train["tgt"])
+        texts = list(trainer.corpus.train_text)  # the training table holds ids only
+        assert vocab.decode_batch(ids["src_ids"]) == [texts[i][0] for i in trainer.corpus.train_rows]
+        assert vocab.decode_batch(ids["tgt_ids"]) == [texts[i][1] for i in trainer.corpus.train_rows]
         draws.append(ids)
     assert draws[0] != draws[1]  # new segmentations each epoch
     assert sum(map(len, draws[0]["src_ids"])) > sum(train["src_len"])  # skipped merges: more, shorter pieces
@@ -422,7 +454,7 @@ def _resegment_on_rank(rank: int, port: int, corpus_dir: Path, run_dir: Path, ou
     try:
         cfg = make_config(corpus_dir, run_dir)
         corpus = prepare_data(cfg, run_dir, cfg.model.max_positions)
-        segments = BPEDropoutSegments(corpus.train, corpus.vocabs, 0.5, 127, world=2, rank=rank)
+        segments = BPEDropoutSegments(corpus, 0.5, 127, world=2, rank=rank)
         out.put((rank, [segments.resegment() for _ in range(2)], segments.ids))
     finally:
         dist.destroy_process_group()
