@@ -47,7 +47,7 @@ def child(args) -> None:
     if args.child == "tuned" and not keep_freed_memory_in_the_heap():
         raise SystemExit("keep_freed_memory_in_the_heap() did not take (not glibc?)")
     cfg, corpus = load(args.model, Path(args.data_dir))
-    sampler = make_sampler(corpus.train, args.max_tokens, seed=1, shuffle=True)
+    sampler = make_sampler(corpus.train_lengths, args.max_tokens, seed=1, shuffle=True)
     batches = list(BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler))[: args.steps + 3]
     torch.manual_seed(0)
     model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt)).train()

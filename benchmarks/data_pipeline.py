@@ -55,7 +55,7 @@ def main() -> None:
     ds = data.filter_lengths(tokenize(train, vocabs), cfg.max_len, cfg.max_ratio, "train")
     t_tok = time.perf_counter() - t
 
-    sampler = make_sampler(ds, args.max_tokens, seed=1, shuffle=True)
+    sampler = make_sampler(data.length_columns(ds), args.max_tokens, seed=1, shuffle=True)
     src = np.array([len(s) + 1 for s in ds["src_ids"]])
     tgt = np.array([len(s) + 1 for s in ds["tgt_ids"]])
     rnd = make_batches(src, tgt, args.max_tokens, np.random.default_rng(1).permutation(len(src)))

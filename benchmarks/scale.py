@@ -118,6 +118,16 @@ def stage_times(log_path: Path) -> dict:
         if pairs is None and (m2 := re.search(r"train: (\d+) pairs; removed", line)):
             pairs = int(m2.group(1))
     out = {}
+    text = log_path.read_text(errors="replace")
+    if m := re.search(r"trained BPE on (\d+) of (\d+) pairs in ([\d.]+) s", text):  # the code logs its own figures
+        out["bpe_pairs"], out["bpe_s"] = int(m.group(1)), float(m.group(3))
+    if m := re.search(r"tokenized (\d+) pairs in ([\d.]+) s \((\d+) pairs/s\)", text):
+        out["tokenize_s"], out["tokenize_pairs_per_s"] = float(m.group(2)), int(m.group(3))
+    if out:
+        out["start_to_model_s"] = (
+            round(marks["model"] - marks["start"], 1) if {"start", "model"} <= set(marks) else None
+        )
+        return out
     span = lambda a, b: round(marks[b] - marks[a], 1) if a in marks and b in marks else None  # noqa: E731
     out["read_s"], out["bpe_s"], out["tokenize_filter_s"] = span("start", "read"), span("read", "bpe"), None
     if (s := span("bpe", "filtered")) is not None:

@@ -48,7 +48,7 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = to_dataclass(compose("config", overrides=[f"model={args.model}", "run_dir=x"]))
     corpus = prepare_data(cfg, Path(tempfile.mkdtemp()), cfg.model.max_positions)
-    sampler = make_sampler(corpus.train, args.max_tokens, seed=1, shuffle=True)
+    sampler = make_sampler(corpus.train_lengths, args.max_tokens, seed=1, shuffle=True)
     batches = list(BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler))
     batches = batches[: args.steps + args.warmup]
 

@@ -26,6 +26,7 @@ class Corpus:
     valid: datasets.Dataset  # tokenized; `src`/`tgt` raw for BLEU
     train_text: data.TextPairs  # the training pairs as text (read again only for BPE-dropout)
     train_rows: np.ndarray  # which of them `train` kept
+    train_lengths: tuple[np.ndarray, np.ndarray]  # `train`'s source and target lengths (no </s>, <s>)
 
 
 def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
@@ -38,10 +39,11 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
     vocabs = build_vocabs(cfg.tokenizer, text, run_dir, resuming, data.cache_root(dc))
     max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
     tokens = tokenize_pairs(text, vocabs, data.cache_root(dc))
-    rows = data.length_filter(tokens, max_len, dc.max_ratio, text.where)
+    src_len, tgt_len = data.length_columns(tokens)
+    rows = data.length_filter(src_len, tgt_len, max_len, dc.max_ratio, text.where)
     valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
     valid = truncate(tokenize(valid, vocabs), max_len, dc.valid_split)
-    return Corpus(vocabs, data.select_rows(tokens, rows), valid, text, rows)
+    return Corpus(vocabs, data.select_rows(tokens, rows), valid, text, rows, (src_len[rows], tgt_len[rows]))
 
 
 def truncate(ds: datasets.Dataset, max_len: int, name: str) -> datasets.Dataset:
@@ -61,10 +63,12 @@ def truncate(ds: datasets.Dataset, max_len: int, name: str) -> datasets.Dataset:
     )
 
 
-def make_sampler(ds: datasets.Dataset, max_tokens: int, seed: int, shuffle: bool, world: int = 1, rank: int = 0):
-    lengths = ds.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]  # two int arrays, not the ids
-    src_lens = lengths["src_len"] + 1  # + </s>
-    tgt_lens = lengths["tgt_len"] + 1  # + <s> (input) or </s> (output)
+def make_sampler(
+    lengths: tuple[np.ndarray, np.ndarray], max_tokens: int, seed: int, shuffle: bool, world: int = 1, rank: int = 0
+) -> TokenBucketSampler:
+    """A sampler over pairs of these (source, target) token lengths, counted without specials."""
+    src_lens = lengths[0].astype(np.int64) + 1  # + </s>
+    tgt_lens = lengths[1].astype(np.int64) + 1  # + <s> (input) or </s> (output)
     return TokenBucketSampler(src_lens, tgt_lens, max_tokens, seed, shuffle, num_replicas=world, rank=rank)
 
 
@@ -73,7 +77,7 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
     ahead, in pinned memory), and the BPE-dropout segments the loader reads from (None without
     `train.bpe_dropout`)."""
     tc = cfg.train
-    sampler = make_sampler(corpus.train, tc.max_tokens, tc.seed, True, world, rank)
+    sampler = make_sampler(corpus.train_lengths, tc.max_tokens, tc.seed, True, world, rank)
     if n := sampler.oversized():
         longest = int(max(sampler.src_lens.max(), sampler.tgt_lens.max()))
         raise ConfigError(

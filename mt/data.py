@@ -319,15 +319,24 @@ def drop_empty(ds: datasets.Dataset, where: str) -> datasets.Dataset:
     return ds
 
 
-def length_filter(ds: datasets.Dataset, max_len: int, max_ratio: float, where: str) -> np.ndarray:
-    """The rows of a tokenized table to keep: at most `max_len` tokens a side, a length ratio of at most
-    `max_ratio`; reports the counts. Reads only the `src_len`/`tgt_len` columns (numpy)."""
-    lengths = ds.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]
-    src, tgt = lengths["src_len"].astype(np.int64), lengths["tgt_len"].astype(np.int64)
+def length_columns(ds: datasets.Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """The `src_len`/`tgt_len` columns of a tokenized table as numpy arrays: straight from its Arrow columns (4.5M
+    rows in 0.04 s, where datasets' numpy formatting takes 4 s), or through datasets for a table seen through a
+    row index (a filter's result: minutes at that size, which is why the training set's lengths are kept aside)."""
+    if ds._indices is None:  # datasets' row index, set by filter() and select()
+        return ds.data.column("src_len").to_numpy(), ds.data.column("tgt_len").to_numpy()
+    cols = ds.select_columns(["src_len", "tgt_len"]).with_format("numpy")[:]
+    return cols["src_len"], cols["tgt_len"]
+
+
+def length_filter(src: np.ndarray, tgt: np.ndarray, max_len: int, max_ratio: float, where: str) -> np.ndarray:
+    """The rows to keep: at most `max_len` tokens a side and a length ratio of at most `max_ratio`; reports the
+    counts."""
+    src, tgt = src.astype(np.int64), tgt.astype(np.int64)
     fits = (src <= max_len) & (tgt <= max_len)
     balanced = np.maximum(src, tgt) <= max_ratio * np.minimum(src, tgt)
     kept = np.flatnonzero(fits & balanced)
-    n0, n_long, n_ratio = len(ds), int((~fits).sum()), int((fits & ~balanced).sum())
+    n0, n_long, n_ratio = len(src), int((~fits).sum()), int((fits & ~balanced).sum())
     log.info(
         "%s: %d pairs; removed %d longer than %d tokens, %d with length ratio > %g; %d left",
         where,
@@ -355,7 +364,7 @@ def select_rows(ds: datasets.Dataset, rows: np.ndarray) -> datasets.Dataset:
 
 
 def filter_lengths(ds: datasets.Dataset, max_len: int, max_ratio: float, where: str) -> datasets.Dataset:
-    return select_rows(ds, length_filter(ds, max_len, max_ratio, where))
+    return select_rows(ds, length_filter(*length_columns(ds), max_len, max_ratio, where))
 
 
 def describe(cfg: DataConfig) -> str:

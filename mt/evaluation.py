@@ -15,6 +15,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
+from mt import data
 from mt.batching import BatchLoader, collate
 from mt.config import ConfigError, DecodeConfig
 from mt.corpus import make_sampler
@@ -94,7 +95,8 @@ def validation_loss(model, valid, max_tokens: int, label_smoothing: float, devic
     """Label-smoothed loss, NLL and perplexity per target token of a tokenized split (teacher-forced)."""
     model.eval()
     loss_sum = nll_sum = n = 0.0
-    for b in BatchLoader(valid.select_columns(["src_ids", "tgt_ids"]), make_sampler(valid, max_tokens, 0, False)):
+    sampler = make_sampler(data.length_columns(valid), max_tokens, 0, False)
+    for b in BatchLoader(valid.select_columns(["src_ids", "tgt_ids"]), sampler):
         b = b.to(device)
         with autocast(device, amp):
             loss, nll = model.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, label_smoothing)

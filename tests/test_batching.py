@@ -169,7 +169,7 @@ def test_prefetching_loader_gives_the_same_batches_and_resumes_exactly(toy_corpu
     cfg = make_config(toy_corpus, tmp_path / "run")
     train = prepare_data(cfg, tmp_path / "run", 128).train
     ids = train.select_columns(["src_ids", "tgt_ids"])
-    sampler = lambda: make_sampler(train, 150, seed=1, shuffle=True)  # noqa: E731
+    sampler = lambda: make_sampler(data.length_columns(train), 150, seed=1, shuffle=True)  # noqa: E731
     s_plain = sampler()
     plain = [b.ids for b in BatchLoader(ids, s_plain)] + [b.ids for b in BatchLoader(ids, s_plain)]
     s_ahead = sampler()
