@@ -24,8 +24,8 @@ from omegaconf import DictConfig
 from mt import checkpoint
 from mt.config import TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.inference import run_decode_settings, translate_stream, translate_whole
-from mt.runtime import keep_freed_memory_in_the_heap, pick_autocast, pick_device, use_tf32
+from mt.inference import load_translator, run_decode_settings, translate_stream, translate_whole
+from mt.runtime import keep_freed_memory_in_the_heap, pick_device
 
 log = logging.getLogger("translate")
 register_configs()
@@ -45,11 +45,8 @@ def main(dcfg: DictConfig) -> None:
             d.length_penalty_type,
             d.length_penalty,
         )
-        model, vocabs = checkpoint.build_model(ckpt)
         device = pick_device(cfg.device)
-        model.to(device).eval()
-        use_tf32(device)
-        amp = pick_autocast(cfg.precision, device)
+        model, vocabs, amp = load_translator(ckpt, d, cfg.precision, device, plot=bool(cfg.plot_attention))
         if cfg.references or cfg.plot_attention:  # these need the whole input
             translate_whole(cfg, ckpt, model, vocabs, device, amp)
         else:

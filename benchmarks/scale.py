@@ -123,6 +123,8 @@ def stage_times(log_path: Path) -> dict:
         out["bpe_pairs"], out["bpe_s"] = int(m.group(1)), float(m.group(3))
     if m := re.search(r"tokenized (\d+) pairs in ([\d.]+) s \((\d+) pairs/s\)", text):
         out["tokenize_s"], out["tokenize_pairs_per_s"] = float(m.group(2)), int(m.group(3))
+    if "reusing the tokenized corpus" in text:  # a second run: nothing to time but the whole
+        out["cached"] = True
     if out:
         out["start_to_model_s"] = (
             round(marks["model"] - marks["start"], 1) if {"start", "model"} <= set(marks) else None

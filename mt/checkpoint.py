@@ -7,8 +7,10 @@ and every RNG state.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import pickle
 import random
 import re
 from dataclasses import asdict
@@ -17,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.model import Transformer
 from mt.tokenizer import Vocabs
 
 FORMAT_VERSION = 1
+RELEASE_FORMAT = "mt-release-1"  # python -m mt.export release: safetensors + JSON, no pickle
 log = logging.getLogger(__name__)
 
 
@@ -249,9 +253,43 @@ def resume_trainer(trainer) -> bool:
 # ---------------------------------------------------------------------------- loading
 
 
+def _numpy_globals() -> list:
+    """What a checkpoint holds besides tensors and plain containers: numpy's RNG state, an array."""
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _unpickle(path: Path) -> dict:
+    """torch.load with `weights_only=True`: tensors, containers and the few numpy types our checkpoints hold. A
+    pickle that would call anything else (a .pt can run code when loaded) is refused before it runs."""
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)|but got <class '([\w.]+)'", str(e))
+        if not found:  # not a pickle at all, or a damaged one
+            raise CheckpointError(f"{path}: not a readable checkpoint (UnpicklingError); it may be truncated") from None
+        what = next(g for g in found.groups() if g)
+        raise CheckpointError(
+            f"{path}: refused: loading it would call {what}, which no checkpoint of this toolkit holds (a .pt is a "
+            "pickle and can run code); ask its author for a release (python -m mt.export release), which loads "
+            "without pickle"
+        ) from None
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}); it may be truncated") from None
+
+
 def load(path: str | Path) -> dict:
-    """Load a checkpoint file (or a run dir's final, else best, else last checkpoint) onto the CPU."""
+    """Load a checkpoint onto the CPU: a .pt file, a run dir (its final, else best, else last checkpoint), a release
+    dir (`mt.export release`: safetensors, no pickle) or a CTranslate2 export (`mt.export ctranslate2`)."""
     path = Path(path)
+    if path.is_dir() and (path / "model.safetensors").is_file():
+        return load_release(path)
+    if path.is_dir() and (path / "mt.json").is_file():
+        return load_ctranslate2_export(path)
     if path.is_dir():
         # checkpoint_final.pt: the weights train.py chose for its test report (best or averaged).
         for name in ("checkpoint_final.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
@@ -264,20 +302,55 @@ def load(path: str | Path) -> dict:
             )
     if not path.is_file():
         raise CheckpointError(f"{path}: no such checkpoint; pass a run dir or a .pt file written by train.py")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:
-        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}); it may be truncated") from None
+    ckpt = _unpickle(path)
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "model" not in ckpt:
         raise CheckpointError(f"{path}: not a checkpoint of this toolkit (format {FORMAT_VERSION})")
     ckpt["path"] = str(path)
     return ckpt
 
 
+def _json(path: Path, fmt: str) -> dict:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not readable JSON ({e}); export the model again") from None
+    if meta.get("format") != fmt:
+        raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {fmt!r}; export the model again")
+    return meta
+
+
+def _tokenizer_files(dir: Path) -> dict:
+    """The tokenizers of an exported model dir, as checkpoints store them (JSON strings)."""
+    if (dir / "tokenizer.json").is_file():
+        return {"src": (dir / "tokenizer.json").read_text(), "tgt": None}
+    return {"src": (dir / "tokenizer.src.json").read_text(), "tgt": (dir / "tokenizer.tgt.json").read_text()}
+
+
+def load_release(dir: Path) -> dict:
+    """A release dir as a checkpoint dict whose "model" is the safetensors file (read by `build_model`)."""
+    meta = _json(dir / "config.json", RELEASE_FORMAT)
+    return {"format": RELEASE_FORMAT, "path": str(dir), "model": dir / "model.safetensors",
+            "model_args": meta["model_args"], "config": meta["config"], "tokenizer": _tokenizer_files(dir)}  # fmt: skip
+
+
+def load_ctranslate2_export(dir: Path) -> dict:
+    """A CTranslate2 export dir as a checkpoint dict; its model is built by mt.ct2, not `build_model`."""
+    meta = _json(dir / "mt.json", CT2_FORMAT)
+    return {"format": CT2_FORMAT, "path": str(dir), "model_args": meta["model_args"], "config": meta["config"],
+            "tokenizer": _tokenizer_files(dir)}  # fmt: skip
+
+
 def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:
-    """The model (weights loaded) and tokenizers described by a checkpoint."""
+    """The model (weights loaded) and tokenizers described by a checkpoint or a release."""
+    if ckpt["format"] == CT2_FORMAT:
+        raise CheckpointError(f"{ckpt['path']}: a CTranslate2 export, decoded by CTranslate2 (mt.ct2), not torch")
     model = Transformer.from_config_dict(ckpt["model_args"])
-    model.load_state_dict(ckpt["model"])
+    if ckpt["format"] == RELEASE_FORMAT:
+        from safetensors.torch import load_model
+
+        load_model(model, str(ckpt["model"]))
+    else:
+        model.load_state_dict(ckpt["model"])
     vocabs = Vocabs.from_json(ckpt["tokenizer"])
     if len(vocabs.src) != model.src_vocab or len(vocabs.tgt) != model.tgt_vocab:
         raise CheckpointError(

@@ -16,7 +16,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from mt.config import Config, TranslateConfig, register_configs
+from mt.config import Config, ServeConfig, TranslateConfig, register_configs
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -43,7 +43,7 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     try:
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             cfg = compose(config_name, overrides=args)
-            schema = {"config": Config, "translate": TranslateConfig}[config_name]
+            schema = {"config": Config, "translate": TranslateConfig, "serve": ServeConfig}[config_name]
             unknown = sorted(set(cfg.keys()) - {f.name for f in dataclasses.fields(schema)})
             if unknown:
                 raise ValueError(f"unknown key {unknown[0]!r} (added with +); the keys are {', '.join(cfg.keys())}")

@@ -169,10 +169,29 @@ class TranslateConfig:
     attention_layer: int = -1
 
 
+@dataclass
+class ServeConfig:
+    checkpoint: str = MISSING  # a run dir, .pt, release dir or CTranslate2 export
+    host: str = "127.0.0.1"
+    port: int = 8080
+    device: str = "auto"
+    precision: str = "fp32"
+    decode: DecodeConfig = field(default_factory=DecodeConfig)  # the run's settings unless given as decode.*
+    # Requests arriving within batch_wait_ms of each other (or while a batch decodes) are decoded together, up to
+    # batch_tokens source tokens.
+    batch_wait_ms: float = 5.0
+    batch_tokens: int = 4000
+    # Per request: larger ones get a 413 with a one-line error.
+    max_sentences: int = 64
+    max_request_tokens: int = 4000
+    max_beam: int = 16
+
+
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)
     cs.store(name="translate_schema", node=TranslateConfig)
+    cs.store(name="serve_schema", node=ServeConfig)
 
 
 def to_dataclass(cfg: DictConfig) -> Any:
@@ -186,6 +205,12 @@ def to_dataclass(cfg: DictConfig) -> Any:
         _choice("input_errors", obj.input_errors, ("strict", "replace"))
         if obj.stream_lines < 1:
             raise ConfigError(f"stream_lines={obj.stream_lines} is below its minimum 1; fix the override")
+    elif isinstance(obj, ServeConfig):
+        validate_decode(obj.decode)
+        _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
+        for key in ("batch_tokens", "max_sentences", "max_request_tokens", "max_beam"):
+            if getattr(obj, key) < 1:
+                raise ConfigError(f"{key}={getattr(obj, key)} is below its minimum 1; fix the override")
     return obj
 
 

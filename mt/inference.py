@@ -13,10 +13,13 @@ from pathlib import Path
 
 import torch
 
-from mt import data
+from mt import checkpoint, data
 from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig
+from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
+from mt.ct2 import CTranslate2Model
 from mt.evaluation import translate_ids, write_report
 from mt.plots import cross_attention, plot_attention
+from mt.runtime import pick_autocast, use_tf32
 from mt.search import Hypothesis
 from mt.tokenizer import Vocabs
 
@@ -112,10 +115,18 @@ def encode_within_positions(vocabs: Vocabs, lines: list[str], limit: int) -> lis
     return src_ids
 
 
+def decode_ids(model, src_ids: list[list[int]], cfg: DecodeConfig, device, amp) -> list[list[Hypothesis]]:
+    """Hypotheses for token-id sources with this project's search, or CTranslate2's for an export."""
+    if isinstance(model, CTranslate2Model):
+        return model.translate_ids(src_ids, cfg)
+    return translate_ids(model, src_ids, cfg, device, amp)
+
+
 def translate_lines(model, vocabs: Vocabs, lines: list[str], cfg: DecodeConfig, device, amp):
-    """Raw lines -> (source ids, hypotheses, detokenized best translations), in input order, one per line."""
+    """Raw lines -> (source ids, hypotheses, detokenized best translations), in input order, one per line.
+    `model`: this project's Transformer, or a CTranslate2 export (mt.ct2)."""
     src_ids = encode_within_positions(vocabs, lines, model.cfg.max_positions - 1)
-    hyps = translate_ids(model, src_ids, cfg, device, amp)
+    hyps = decode_ids(model, src_ids, cfg, device, amp)
     return src_ids, hyps, vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
 
 
@@ -179,6 +190,26 @@ def plot_first_line(
     plot_attention(matrix, src_tok, out_tok, Path(cfg.plot_attention))
     torch.save(matrix, Path(cfg.plot_attention).with_suffix(".attn.pt"))
     log.info("cross-attention of line %d (%dx%d) plotted to %s", first + 1, *matrix.shape, cfg.plot_attention)
+
+
+def load_translator(ckpt: dict, decode: DecodeConfig, precision: str, device: torch.device, plot: bool = False):
+    """(model, vocabs, autocast dtype) for a loaded checkpoint: this project's Transformer on `device`, or for a
+    CTranslate2 export its CTranslate2 translator. `plot`: attention plots are wanted (this project's model only)."""
+    if ckpt["format"] == CT2_FORMAT:
+        if plot:
+            raise ConfigError("plot_attention needs this project's model: a CTranslate2 export has no attention")
+        if decode.length_penalty and decode.length_penalty_type != "average":
+            log.warning(
+                "CTranslate2 divides scores by length^%g (length_penalty_type=average), not by GNMT's penalty: "
+                "beams may rank otherwise than this project's search",
+                decode.length_penalty,
+            )
+        model = CTranslate2Model(ckpt["path"], device)
+        return model, model.vocabs, None
+    model, vocabs = checkpoint.build_model(ckpt)
+    model.to(device).eval()
+    use_tf32(device)
+    return model, vocabs, pick_autocast(precision, device)
 
 
 def translate_stream(cfg: TranslateConfig, model, vocabs, device, amp) -> None:

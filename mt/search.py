@@ -170,24 +170,32 @@ def finalize(state: BeamState, step: int, scores: Tensor, beams: Tensor, tokens:
     for i, j in is_eos.nonzero().tolist():
         row = i * K + int(beams[i, j])  # the parent beam's row in the (n*K) batch
         raw, sent = float(scores[i, j]), int(state.sentence[i])
-        hyps = state.finished[sent]
+        hyps, hyp = state.finished[sent], Hypothesis(state.tokens[row, 1:].tolist(), raw / lp, raw)
         if len(hyps) < K:
-            hyps.append(Hypothesis(state.tokens[row, 1:].tolist(), raw / lp, raw))
-            state.n_finished[sent] = len(hyps)
-            if len(hyps) >= cfg.nbest:
-                state.nbest_score[sent] = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
+            hyps.append(hyp)
+        else:  # K kept already (a search without length penalty goes on while it can improve): keep the K best
+            worst = min(range(K), key=lambda h: hyps[h].score)
+            if hyp.score <= hyps[worst].score:
+                continue
+            hyps[worst] = hyp
+        state.n_finished[sent] = len(hyps)
+        if len(hyps) >= cfg.nbest:
+            state.nbest_score[sent] = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
 
 
 def is_done(state: BeamState, step: int) -> Tensor:
-    """(n,) whether each live sentence is finished: K hypotheses ended, the length limit is reached, or no live
-    beam can still beat the nbest-th finished one (raw scores only fall as tokens are added, and the length
-    penalty divides them by at most its value at the length limit)."""
+    """(n,) whether each live sentence is finished: the length limit is reached, or no live beam can still beat
+    the nbest-th finished one (raw scores only fall as tokens are added, and the length penalty divides them by at
+    most its value at the length limit), or, with a length penalty, K hypotheses ended (fairseq's rule: that bound
+    is loose there, and waiting for it would decode most sentences to the limit). Without a penalty the bound is
+    exact and the search never stops while a live beam could still win (CTranslate2 stops likewise)."""
     cfg = state.cfg
     n_finished, kth = state.n_finished[state.sentence], state.nbest_score[state.sentence]
     bound = state.scores.max(dim=1).values  # (n,) best live raw score
     if cfg.length_penalty > 0:
         bound = bound / length_penalty(state.max_len, cfg.length_penalty, cfg.length_penalty_type)
-    return (n_finished >= state.K) | (state.max_len <= step + 1) | ((n_finished >= cfg.nbest) & (bound <= kth))
+    k_ended = (n_finished >= state.K) if cfg.length_penalty > 0 else torch.zeros_like(n_finished, dtype=torch.bool)
+    return k_ended | (state.max_len <= step + 1) | ((n_finished >= cfg.nbest) & (bound <= kth))
 
 
 def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> None:

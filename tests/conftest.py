@@ -11,7 +11,7 @@ import datasets
 import pytest
 import torch
 
-from mt.config import ModelConfig
+from mt.config import ModelConfig, TokenizerConfig
 from mt.model import Transformer
 from mt.tokenizer import BOS, EOS, PAD
 
@@ -84,3 +84,43 @@ def trained_model():
         loss.backward()
         opt.step()
     return model.eval()
+
+
+def toy_pairs(corpus) -> list[tuple[str, str]]:
+    src = (corpus / "train.xx").read_text().splitlines()
+    return list(zip(src, (corpus / "train.yy").read_text().splitlines()))
+
+
+@pytest.fixture(scope="session")
+def toy_vocab(tmp_path_factory):
+    """The toy corpus (yy = xx's words reversed) and its BPE."""
+    import datasets
+
+    from mt.data import TextPairs
+    from mt.tokenizer import build_vocabs
+
+    corpus = write_toy_corpus(tmp_path_factory.mktemp("corpus"))
+    pairs = toy_pairs(corpus)
+    table = datasets.Dataset.from_dict({"src": [s for s, _ in pairs], "tgt": [t for _, t in pairs]})
+    vocabs = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), TextPairs.of_table(table),
+                          tmp_path_factory.mktemp("tok"))  # fmt: skip
+    return pairs, vocabs
+
+
+def train_tiny(vocabs, pairs, **model) -> Transformer:
+    """A few hundred updates on the toy task: outputs that mostly end with </s> well before the length limit."""
+    torch.manual_seed(0)
+    from mt.batching import collate
+
+    m = Transformer(tiny_model_config(**model), len(vocabs.src), len(vocabs.tgt))
+    opt = torch.optim.Adam(m.parameters(), lr=3e-3)
+    src_ids = vocabs.src.encode_batch([s for s, _ in pairs])
+    tgt_ids = vocabs.tgt.encode_batch([t for _, t in pairs])
+    for step in range(200):
+        idx = [(step * 32 + i) % len(pairs) for i in range(32)]
+        b = collate([src_ids[i] for i in idx], [tgt_ids[i] for i in idx], idx)
+        loss, _ = m.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, 0.0)
+        opt.zero_grad()
+        (loss / b.n_tgt_tokens).backward()
+        opt.step()
+    return m.eval()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, needs_multi30k
+from tests.conftest import MULTI30K, ROOT, needs_multi30k, read_gz
 
 
 def run(args, input=None, check=True, timeout=600):
@@ -84,6 +84,24 @@ def test_translate_stdin_lines_and_nbest(smoke_run):
     assert all(len(line.split(" ||| ")) == 3 for line in lines)
     out = run(["translate.py", f"checkpoint={smoke_run}", "decode.quantize=int8"], input="a dog runs .\n\nTwo men\n")
     assert len(out.stdout.split("\n")) == 4 and out.stdout.split("\n")[1] == ""
+
+
+@needs_multi30k()
+def test_exports_translate_as_the_checkpoint_does(smoke_run, tmp_path):
+    """`python -m mt.export` then translate.py with the export: the release (safetensors) gives the checkpoint's
+    output, the float32 CTranslate2 export the same greedy output; an int8 export translates every line (this
+    barely trained model's outputs are too fragile to compare across int8 rounding)."""
+    pytest.importorskip("ctranslate2")
+    src = "\n".join(read_gz(MULTI30K / "val.en.gz", 100)) + "\n"
+    reference = run(["translate.py", f"checkpoint={smoke_run}", "decode=greedy"], input=src).stdout
+    run(["-m", "mt.export", "release", str(smoke_run), str(tmp_path / "release")])
+    run(["-m", "mt.export", "ctranslate2", str(smoke_run), str(tmp_path / "ct2")])
+    run(["-m", "mt.export", "ctranslate2", str(smoke_run), str(tmp_path / "ct2-int8"), "--quantization", "int8"])
+    for export in ("release", "ct2"):
+        out = run(["translate.py", f"checkpoint={tmp_path / export}", "decode=greedy"], input=src).stdout
+        assert out == reference, export
+    out = run(["translate.py", f"checkpoint={tmp_path / 'ct2-int8'}", "decode=greedy"], input=src).stdout
+    assert len(out.splitlines()) == 100  # its quality is measured on a real model (benchmarks/export_speed.py)
 
 
 @needs_multi30k()

@@ -1,0 +1,86 @@
+"""Decoding with a CTranslate2 export (`python -m mt.export ctranslate2 ...`), behind the interface translate.py
+and the server use for this project's own search: source ids in, `Hypothesis` lists out.
+
+What is the same: the tokenizer (the export's tokenizer.json), beam size, n-best, <unk> suppression, and the
+length limit `max_len_a * src_len + max_len_b` (sentences are grouped by their limit, as CTranslate2 takes one per
+call). What differs: CTranslate2's length penalty is `score / length^alpha` (this project's
+`decode.length_penalty_type=average`); with the default GNMT penalty the two searches rank finished hypotheses
+differently, so set `length_penalty_type=average` (or alpha 0) for identical beams. A hypothesis that reaches the
+limit ends there in CTranslate2 without the </s> log-probability this project's search adds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from mt.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig
+from mt.search import Hypothesis
+from mt.tokenizer import Vocabs, load_run_vocabs
+
+EXPORT_FORMAT = "mt-ctranslate2-1"
+
+
+def require_ctranslate2():
+    """The ctranslate2 module, or a one-line error naming the extra that installs it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ConfigError(
+            "CTranslate2 is not installed; pip install -e '.[ctranslate2]' (or pip install ctranslate2)"
+        ) from None
+    return ctranslate2
+
+
+class CTranslate2Model:
+    """A CTranslate2 Translator over an export directory, with the export's model config (for `max_positions`)."""
+
+    def __init__(self, path: str | Path, device: torch.device, threads: int | None = None):
+        ctranslate2 = require_ctranslate2()
+        path = Path(path)
+        meta = json.loads((path / "mt.json").read_text())
+        self.cfg = ModelConfig(**meta["model_args"]["model"])
+        self.run_config = meta["config"]
+        self.quantization = meta["quantization"]
+        self.translator = ctranslate2.Translator(
+            str(path),
+            device="cuda" if device.type == "cuda" else "cpu",
+            intra_threads=threads or torch.get_num_threads(),
+        )
+        self.vocabs: Vocabs = load_run_vocabs(TokenizerConfig(joint=(path / "tokenizer.json").is_file()), path)
+
+    def translate_ids(self, src_ids: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
+        """Hypotheses for each source (ids without </s>), in input order."""
+        alpha = cfg.length_penalty  # CTranslate2 applies it as score / len^alpha, whatever length_penalty_type says
+        groups: dict[int, list[int]] = defaultdict(list)
+        out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]  # empty in, empty out
+        for i, ids in enumerate(src_ids):
+            if not ids:
+                continue
+            limit = min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), self.cfg.max_positions - 1)
+            groups[max(1, limit)].append(i)
+        src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt.tokenizer
+        for limit, rows in groups.items():
+            results = self.translator.translate_batch(
+                [src_vocab.tokens(src_ids[i]) for i in rows],
+                max_batch_size=cfg.max_tokens,
+                batch_type="tokens",
+                beam_size=cfg.beam_size,
+                num_hypotheses=cfg.nbest,
+                length_penalty=alpha,
+                max_decoding_length=max(1, limit - 1),  # tokens before </s>, as the limit counts </s>
+                min_decoding_length=cfg.min_len,
+                disable_unk=cfg.no_unk,
+                max_input_length=0,
+                return_scores=True,
+            )
+            for i, r in zip(rows, results):
+                out[i] = [
+                    Hypothesis([tgt_vocab.token_to_id(t) for t in tokens], score, score if not alpha else math.nan)
+                    for tokens, score in zip(r.hypotheses, r.scores)
+                ]
+        return out

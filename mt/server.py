@@ -1,0 +1,181 @@
+"""An HTTP translation server: a FastAPI app (run by uvicorn from serve.py) over this project's decoder or a
+CTranslate2 export.
+
+    POST /translate {"src": ["...", ...], "beam_size"?: int, "nbest"?: int}
+         -> {"translations": ["...", ...]}  (nbest > 1: [[{"text": .., "score": ..}, ...], ...]), order kept
+    GET  /health -> {"status": "ok"};  GET /info -> model, languages, decode settings, limits
+
+Requests that arrive together are decoded together: a single worker takes the first waiting request, collects the
+others that arrive within `batch_wait_ms` (or that arrived while the previous batch was decoding) up to
+`batch_tokens` source tokens, decodes them as one length-sorted batch per decode setting, and answers each request
+with its own lines. Bad requests get a 4xx with a one-line JSON error ({"error": "..."}) and the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict
+
+from mt.config import DecodeConfig, ServeConfig
+from mt.inference import decode_ids
+from mt.search import Hypothesis
+
+log = logging.getLogger(__name__)
+
+
+class TranslateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    src: list[str]
+    beam_size: int | None = None
+    nbest: int | None = None
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+
+
+@dataclass
+class Job:
+    src_ids: list[list[int]]
+    decode: DecodeConfig
+    done: asyncio.Future
+    tokens: int = field(init=False)
+
+    def __post_init__(self):
+        self.tokens = sum(len(s) + 1 for s in self.src_ids)
+
+
+class Batcher:
+    """One worker that decodes the waiting requests' sentences together (see the module docstring)."""
+
+    def __init__(self, decode, wait_s: float, batch_tokens: int):
+        self.decode, self.wait_s, self.batch_tokens = decode, wait_s, batch_tokens
+        self.queue: asyncio.Queue[Job] = asyncio.Queue()
+        self.batches = self.requests = 0  # counted for /info (and the tests)
+
+    async def translate(self, src_ids: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+        job = Job(src_ids, decode, asyncio.get_running_loop().create_future())
+        await self.queue.put(job)
+        return await job.done
+
+    async def _collect(self) -> list[Job]:
+        jobs = [await self.queue.get()]
+        tokens, deadline = jobs[0].tokens, time.monotonic() + self.wait_s
+        while tokens < self.batch_tokens:
+            try:
+                if self.queue.empty():
+                    job = await asyncio.wait_for(self.queue.get(), max(0.0, deadline - time.monotonic()))
+                else:  # arrived while the last batch was decoding: take it now
+                    job = self.queue.get_nowait()
+            except TimeoutError:
+                break
+            jobs.append(job)
+            tokens += job.tokens
+        return jobs
+
+    async def run(self) -> None:
+        while True:
+            jobs = await self._collect()
+            groups: dict[tuple, list[Job]] = defaultdict(list)  # one decode per setting (beam size, n-best)
+            for job in jobs:
+                groups[(job.decode.beam_size, job.decode.nbest)].append(job)
+            for group in groups.values():
+                src_ids = [s for job in group for s in job.src_ids]
+                try:
+                    hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode)
+                except Exception as e:  # a decoding failure answers its requests, the server goes on
+                    log.exception("decoding failed")
+                    for job in group:
+                        job.done.set_exception(e)
+                    continue
+                self.batches, self.requests = self.batches + 1, self.requests + len(group)
+                start = 0
+                for job in group:
+                    job.done.set_result(hyps[start : start + len(job.src_ids)])
+                    start += len(job.src_ids)
+
+
+def create_app(model, vocabs, cfg: ServeConfig, device, amp, info: dict) -> FastAPI:
+    """The app over a loaded model (this project's Transformer or a CTranslate2 export) and its tokenizers."""
+    batcher = Batcher(lambda ids, d: decode_ids(model, ids, d, device, amp), cfg.batch_wait_ms / 1000, cfg.batch_tokens)
+    limit = model.cfg.max_positions - 1  # source tokens a line may have (</s> takes the last position)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        worker = asyncio.create_task(batcher.run())
+        yield
+        worker.cancel()
+
+    app = FastAPI(title="mt translation server", lifespan=lifespan)
+    app.state.batcher = batcher
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        first = e.errors()[0]
+        if first.get("type") == "json_invalid":
+            return JSONResponse({"error": f"malformed JSON: {first.get('msg', '')}"}, status_code=400)
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or "body"
+        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid')}"}, status_code=422)
+
+    @app.exception_handler(BadRequest)
+    async def bad(request: Request, e: BadRequest) -> JSONResponse:
+        return JSONResponse({"error": e.message}, status_code=e.status)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/info")
+    async def about() -> dict:
+        limits = {k: getattr(cfg, k) for k in ("max_sentences", "max_request_tokens", "max_beam")}
+        served = {"batches": batcher.batches, "requests": batcher.requests}
+        return {**info, "decode": dataclasses.asdict(cfg.decode), "limits": limits, "served": served}
+
+    @app.post("/translate")
+    async def translate(req: TranslateRequest) -> dict:
+        decode = _request_decode(req, cfg)
+        src_ids = vocabs.src.encode_batch(req.src)
+        n_tokens = sum(min(len(s), limit) + 1 for s in src_ids)
+        if n_tokens > cfg.max_request_tokens:
+            raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
+                                  "split the request")  # fmt: skip
+        warnings = []
+        for i, ids in enumerate(src_ids):
+            if len(ids) > limit:
+                warnings.append(f"src[{i}]: {len(ids)} tokens, truncated to the model's {limit}")
+                src_ids[i] = ids[:limit]
+        hyps = await batcher.translate(src_ids, decode)
+        if decode.nbest == 1:
+            out: dict = {"translations": vocabs.tgt.decode_batch([h[0].tokens for h in hyps])}
+        else:
+            out = {"translations": [[{"text": vocabs.tgt.decode(h.tokens), "score": h.score} for h in hs]
+                                    for hs in hyps]}  # fmt: skip
+        return out | ({"warnings": warnings} if warnings else {})
+
+    return app
+
+
+def _request_decode(req: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:
+    """The server's decode settings with the request's beam size and n-best; limits checked."""
+    if not req.src:
+        raise BadRequest(422, "src: an empty list; send at least one sentence")
+    if len(req.src) > cfg.max_sentences:
+        raise BadRequest(413, f"src: {len(req.src)} sentences, more than max_sentences={cfg.max_sentences}")
+    beam = cfg.decode.beam_size if req.beam_size is None else req.beam_size
+    nbest = 1 if req.nbest is None else req.nbest
+    if not 1 <= beam <= cfg.max_beam:
+        raise BadRequest(422, f"beam_size: {beam} is outside 1..{cfg.max_beam}")
+    if not 1 <= nbest <= beam:
+        raise BadRequest(422, f"nbest: {nbest} is outside 1..beam_size ({beam})")
+    return dataclasses.replace(cfg.decode, beam_size=beam, nbest=nbest)

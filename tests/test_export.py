@@ -1,0 +1,121 @@
+"""CTranslate2 export decodes as this project's search does; release files load without pickle; a hostile .pt is
+refused before it runs."""
+
+import random
+
+import pytest
+import torch
+
+from mt.config import DecodeConfig
+from mt.evaluation import translate_ids
+from mt.tokenizer import BOS, EOS, PAD
+from tests.conftest import train_tiny
+
+ct2 = pytest.importorskip("ctranslate2")
+
+
+def sources(vocabs, n: int = 300) -> list[list[int]]:
+    """Made-up sentences of the toy words, 1-12 words: some the model has not seen."""
+    rng = random.Random(1)
+    words = "the a cat dog sees runs big small red house tree and".split()
+    return vocabs.src.encode_batch([" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(n)])
+
+
+@pytest.mark.parametrize(
+    "model",
+    [dict(norm="post", tie_embeddings="all"), dict(norm="pre", tie_embeddings="none"), dict(tie_embeddings="decoder")],
+    ids=["post-norm tied", "pre-norm untied", "decoder tied"],
+)
+def test_ctranslate2_export_decodes_token_for_token(toy_vocab, tmp_path, model):
+    from mt.ct2 import CTranslate2Model
+    from mt.export import write_ctranslate2
+
+    pairs, vocabs = toy_vocab
+    m = train_tiny(vocabs, pairs, **model)
+    out = write_ctranslate2(m, vocabs, tmp_path / "ct2", None, {"decode": {}})
+    engine = CTranslate2Model(out, torch.device("cpu"), threads=1)
+    src = sources(vocabs)
+    for beam in (1, 4):
+        cfg = DecodeConfig(beam_size=beam, length_penalty=0.0, max_len_a=1.2, max_len_b=3)
+        ours = [h[0].tokens for h in translate_ids(m, src, cfg, torch.device("cpu"), None)]
+        theirs = [h[0].tokens for h in engine.translate_ids(src, cfg)]
+        # A beam hypothesis cut by the length limit is scored with the </s> we force there, CTranslate2's without:
+        # such sentences may rank differently (greedy's tokens are the same either way).
+        limits = [int((len(s) + 1) * cfg.max_len_a + cfg.max_len_b) - 1 for s in src]
+        cut = {i for i, (a, b, n) in enumerate(zip(ours, theirs, limits)) if beam > 1 and n in (len(a), len(b))}
+        differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b and i not in cut]
+        assert not differ, (
+            f"beam {beam}: {len(differ)} of {len(src)} differ, e.g. {ours[differ[0]]} vs {theirs[differ[0]]}"
+        )
+        assert len(cut) < 0.05 * len(src)
+    assert any(len(t) >= 5 for t in theirs) and PAD not in sum(theirs, []) and BOS not in sum(theirs, [])
+    assert EOS not in sum(theirs, [])
+
+
+def test_release_loads_without_pickle_and_equals_the_checkpoint(toy_corpus, tmp_path, monkeypatch):
+    import pickle
+    import time
+
+    from safetensors import safe_open
+
+    from mt import checkpoint
+    from mt.export import export_release
+    from tests.test_training import make_trainer
+
+    trainer = make_trainer(toy_corpus, tmp_path / "run", max_updates=3)
+    trainer.fit(time.time())
+    out = export_release(str(tmp_path / "run" / "checkpoint_last.pt"), tmp_path / "release")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # the tied matrix is stored once
+        assert sum(k.endswith("tokens.weight") or k == "output.weight" for k in f.keys()) == 1
+    reference, _ = checkpoint.build_model(checkpoint.load(tmp_path / "run" / "checkpoint_last.pt"))
+
+    def no_pickle(*args, **kwargs):
+        raise AssertionError("a release was unpickled")
+
+    monkeypatch.setattr(pickle, "loads", no_pickle)
+    monkeypatch.setattr(pickle, "load", no_pickle)
+    monkeypatch.setattr(torch, "load", no_pickle)
+    model, vocabs = checkpoint.build_model(checkpoint.load(out))
+    assert model.state_dict().keys() == reference.state_dict().keys()
+    assert all(torch.equal(v, reference.state_dict()[k]) for k, v in model.state_dict().items())
+    assert model.output.weight is model.tgt_embed.tokens.weight  # still tied after loading
+    assert len(vocabs.src) == reference.src_vocab
+
+
+class _WritesAFile:
+    """Unpickling this calls Path.write_text: what a hostile .pt would do (or worse)."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return Path.write_text, (Path(self.target), "ran code from a checkpoint")
+
+
+def test_a_pt_that_would_run_code_is_refused_before_it_runs(tmp_path):
+    from mt import checkpoint
+
+    target = tmp_path / "written-by-the-pickle.txt"
+    torch.save({"format": checkpoint.FORMAT_VERSION, "model": {}, "payload": _WritesAFile(target)}, tmp_path / "x.pt")
+    with pytest.raises(checkpoint.CheckpointError, match=r"x\.pt: refused: loading it would call getattr, which no"):
+        checkpoint.load(tmp_path / "x.pt")
+    assert not target.exists()
+
+
+def test_a_missing_ctranslate2_is_named_with_its_extra(monkeypatch, tmp_path, capsys):
+    import sys
+
+    from mt import export
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
+    monkeypatch.setattr(export.checkpoint, "load", lambda path: {"path": path})
+    monkeypatch.setattr(export.checkpoint, "build_model", lambda ckpt: (object(), object()))
+    with pytest.raises(SystemExit) as e:
+        export.main(["ctranslate2", "RUN", str(tmp_path / "out")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: CTranslate2 is not installed; pip install -e '.[ctranslate2]' (or pip install ctranslate2)\n"
+    )

@@ -1,0 +1,93 @@
+"""The translation server's API contract, its one-line errors, and batching across concurrent requests."""
+
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from mt.config import DecodeConfig, ServeConfig
+from mt.inference import decode_ids
+from tests.conftest import train_tiny
+
+fastapi = pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from mt.server import create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served(toy_vocab):
+    pairs, vocabs = toy_vocab
+    model = train_tiny(vocabs, pairs)
+    cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=2, max_len_a=1.2, max_len_b=3),
+                      batch_wait_ms=50, max_sentences=8, max_request_tokens=400, max_beam=4)  # fmt: skip
+    app = create_app(model, vocabs, cfg, torch.device("cpu"), None, {"model": "toy", "src_lang": "xx"})
+    with TestClient(app) as client:
+        yield client, model, vocabs, cfg
+
+
+def test_translate_health_and_info(served):
+    client, model, vocabs, cfg = served
+    src = ["the cat sees a dog", "", "big red house"]
+    r = client.post("/translate", json={"src": src})
+    assert r.status_code == 200
+    expected = decode_ids(model, vocabs.src.encode_batch(src), cfg.decode, torch.device("cpu"), None)
+    assert r.json() == {"translations": vocabs.tgt.decode_batch([h[0].tokens for h in expected])}
+    assert r.json()["translations"][1] == ""  # empty in, empty out, order kept
+    r = client.post("/translate", json={"src": ["the cat runs"], "beam_size": 3, "nbest": 2})
+    (hyps,) = r.json()["translations"]
+    assert len(hyps) == 2 and {"text", "score"} == set(hyps[0]) and hyps[0]["score"] >= hyps[1]["score"]
+    assert client.get("/health").json() == {"status": "ok"}
+    info = client.get("/info").json()
+    assert info["src_lang"] == "xx" and info["decode"]["beam_size"] == 2 and info["limits"]["max_sentences"] == 8
+
+
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        ('{"src": ["a"', 400, "malformed JSON"),
+        ("[1, 2]", 422, "body: Input should be a valid dictionary"),
+        ('{"src": "a dog"}', 422, "src: Input should be a valid list"),
+        ('{"src": [1, 2]}', 422, "src.0: Input should be a valid string"),
+        ('{"src": []}', 422, "src: an empty list; send at least one sentence"),
+        ('{"src": ["a"], "beam": 3}', 422, "beam: Extra inputs are not permitted"),
+        ('{"src": ["a"], "beam_size": 0}', 422, "beam_size: 0 is outside 1..4"),
+        ('{"src": ["a"], "beam_size": 2, "nbest": 3}', 422, "nbest: 3 is outside 1..beam_size (2)"),
+        ('{"src": ["a", "b", "c", "d", "e", "f", "g", "h", "i"]}', 413, "src: 9 sentences, more than max_sentences=8"),
+        (
+            '{"src": ["the cat sees a dog and the tree and the house big red small"]}',
+            413,
+            "more than max_request_tokens=400; split the request",
+        ),
+    ],
+)
+def test_bad_requests_get_one_line_errors_and_the_server_goes_on(served, body, status, message):
+    client, *_ = served
+    if "max_request_tokens" in message:  # 8 lines within the model's positions, over the request's budget together
+        body = '{"src": [' + ", ".join(['"' + " ".join(["cat"] * 60) + '"'] * 8) + "]}"
+    r = client.post("/translate", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status and set(r.json()) == {"error"}
+    assert message in r.json()["error"] and "\n" not in r.json()["error"]
+    assert client.post("/translate", json={"src": ["a dog"]}).status_code == 200
+
+
+def test_a_line_longer_than_the_positions_is_truncated_with_a_warning(served):
+    client, model, *_ = served
+    long = " ".join(["cat"] * (model.cfg.max_positions + 20))
+    r = client.post("/translate", json={"src": ["a dog", long]})
+    assert r.status_code == 200 and len(r.json()["translations"]) == 2
+    assert r.json()["warnings"] == [f"src[1]: {model.cfg.max_positions + 20} tokens, truncated to the model's 127"]
+
+
+def test_concurrent_requests_are_batched_and_get_their_own_lines(served):
+    client, model, vocabs, cfg = served
+    requests = [[f"the {w} sees a dog", f"{w} and the tree"] for w in ("cat", "house", "tree", "dog", "red", "big")]
+    before = client.get("/info").json()["served"]
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda src: client.post("/translate", json={"src": src}).json(), requests))
+    after = client.get("/info").json()["served"]
+    for src, answer in zip(requests, answers):
+        alone = decode_ids(model, vocabs.src.encode_batch(src), cfg.decode, torch.device("cpu"), None)
+        assert answer["translations"] == vocabs.tgt.decode_batch([h[0].tokens for h in alone])
+    assert after["requests"] - before["requests"] == len(requests)
+    assert after["batches"] - before["batches"] < len(requests)  # some requests shared a batch
