@@ -4,6 +4,7 @@
     python translate.py checkpoint=runs/NAME input=in.txt output=out.txt references=ref.txt decode.beam_size=5
     python translate.py checkpoint=runs/NAME decode.nbest=3          # "i ||| hypothesis ||| score" lines
     python translate.py checkpoint=runs/NAME references=test_2016_flickr   # a split of the training data config
+    python translate.py checkpoint=[runs/A,runs/B] < in.txt             # an ensemble (mean log-probabilities)
 
 Only translations go to stdout; logs and the score go to stderr (and report.json/md with `references`).
 """
@@ -24,7 +25,7 @@ from omegaconf import DictConfig
 from mt import checkpoint
 from mt.config import TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.inference import load_translator, run_decode_settings, translate_stream, translate_whole
+from mt.inference import load_ensemble, load_translator, run_decode_settings, translate_stream, translate_whole
 from mt.runtime import keep_freed_memory_in_the_heap, pick_device
 
 log = logging.getLogger("translate")
@@ -37,7 +38,8 @@ def main(dcfg: DictConfig) -> None:
     keep_freed_memory_in_the_heap()  # beam search's cache buffers and logits would otherwise page-fault anew
     try:
         cfg: TranslateConfig = to_dataclass(dcfg)
-        ckpt = checkpoint.load(cfg.checkpoint)
+        ckpts = [checkpoint.load(path) for path in cfg.checkpoint]  # several: an ensemble
+        ckpt = ckpts[0]  # whose run's decoding settings and data config apply
         d = cfg.decode = run_decode_settings(cfg.decode, ckpt, list(HydraConfig.get().overrides.task))
         log.info(
             "decoding: beam %d, length penalty %s %g (the run's settings unless given as decode.*)",
@@ -46,7 +48,11 @@ def main(dcfg: DictConfig) -> None:
             d.length_penalty,
         )
         device = pick_device(cfg.device)
-        model, vocabs, amp = load_translator(ckpt, d, cfg.precision, device, plot=bool(cfg.plot_attention))
+        if len(ckpts) == 1:
+            model, vocabs, amp = load_translator(ckpt, d, cfg.precision, device, plot=bool(cfg.plot_attention))
+        else:
+            model, vocabs, amp = load_ensemble(ckpts, cfg.precision, device, plot=bool(cfg.plot_attention))
+            log.info("ensemble of %d models", len(ckpts))
         if cfg.references or cfg.plot_attention:  # these need the whole input
             translate_whole(cfg, ckpt, model, vocabs, device, amp)
         else:

@@ -198,7 +198,7 @@ def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: 
         )
     if "optimizer" not in ckpt:
         raise CheckpointError(f"{path}: holds weights only (no optimizer state); it cannot be resumed")
-    model.load_state_dict(ckpt["model"])
+    model.load_state_dict(ckpt.get("raw_model", ckpt["model"]))  # the trained weights, under a weight average
     for name, obj in resumable.items():
         obj.load_state_dict(ckpt[name])
     return ckpt
@@ -213,12 +213,18 @@ def _resumable(trainer) -> dict:
 
 
 def trainer_state(trainer, full: bool, rngs: list | None = None) -> dict:
-    """What `trainer` (an mt.training.Trainer) saves: weights and progress; with `full`, all it needs to resume."""
+    """What `trainer` (an mt.training.Trainer) saves: weights and progress; with `full`, all it needs to resume.
+
+    "model" is the kept model (the weight average with train.ema_decay), which translating, averaging and exporting
+    read; a full checkpoint of a run with a weight average also holds the trained weights ("raw_model") and the
+    number of updates averaged ("ema_updates")."""
     progress = {"update": trainer.update, "epochs_done": trainer.epochs_done, "best": trainer.best}
     if full:
         progress.update(elapsed=trainer.budget.elapsed, bad_validations=trainer.bad_validations)
+        if trainer.ema is not None:
+            progress.update(raw_model=trainer.model.state_dict(), ema_updates=trainer.ema.updates)
     resumable = _resumable(trainer) if full else None
-    return training_state(trainer.model, trainer.corpus.vocabs, asdict(trainer.cfg), progress, resumable, rngs)
+    return training_state(trainer.kept_model, trainer.corpus.vocabs, asdict(trainer.cfg), progress, resumable, rngs)
 
 
 def save_trainer(trainer, name: str, full: bool = True) -> Path:
@@ -243,6 +249,12 @@ def resume_trainer(trainer) -> bool:
     check_fingerprint(path, ckpt.get("fingerprint"), now, trainer.tc.resume_anyway)
     rngs = ckpt.get("rng_per_rank") or [ckpt["rng"]]
     set_rng_state(rngs[trainer.rank] if len(rngs) == trainer.world else ckpt["rng"])
+    if trainer.ema is not None and "raw_model" in ckpt:
+        trainer.ema.load(ckpt["model"], ckpt["ema_updates"])
+    elif trainer.ema is not None:
+        log.warning("%s: was trained without train.ema_decay; the weight average starts from here", path)
+    elif "raw_model" in ckpt:
+        log.warning("%s: was trained with a weight average (train.ema_decay), which this run drops", path)
     trainer.update, trainer.epochs_done, trainer.best = ckpt["update"], ckpt["epochs_done"], ckpt["best"]
     trainer.budget.elapsed, trainer.bad_validations = ckpt["elapsed"], ckpt["bad_validations"]
     where = f"epoch {trainer.sampler.epoch + 1}, batch {trainer.sampler.position}"
@@ -392,7 +404,7 @@ def average(paths: list[Path]) -> dict:
         k: (v / len(paths)).to(base["model"][k].dtype) if v.is_floating_point() else v for k, v in total.items()
     }
     base["averaged_from"] = [str(p) for p in paths]
-    for key in (*RESUMABLE, "rng"):
+    for key in (*RESUMABLE, "rng", "rng_per_rank", "raw_model", "ema_updates"):
         base.pop(key, None)
     base.pop("path", None)
     return base

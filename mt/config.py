@@ -8,6 +8,7 @@ Core code receives these dataclasses (converted with `OmegaConf.to_object`), nev
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -106,6 +107,10 @@ class TrainConfig:
     # BPE-dropout (Provilkov et al., 2020): each epoch re-segments the training pairs skipping each merge with this
     # probability; validation, test and translate.py keep the deterministic segmentation. 0 = off.
     bpe_dropout: float = 0.0
+    # Exponential moving average of the weights (mt/ema.py): validated, checkpointed and kept as the run's model
+    # while the raw weights train; e.g. 0.999. 0 = off.
+    ema_decay: float = 0.0
+    ema_validate_raw: bool = True  # with ema_decay: also validate the raw weights (metrics "raw_valid_*")
     valid_every: int = 0  # updates; 0 = once per epoch
     valid_bleu: bool = True
     valid_bleu_subset: int = 0  # sentences of val decoded for BLEU; 0 = all
@@ -153,7 +158,9 @@ class Config:
 
 @dataclass
 class TranslateConfig:
-    checkpoint: str = MISSING  # a run dir (uses its best checkpoint) or a .pt file
+    # A run dir (its final checkpoint), a .pt file, a release or a CTranslate2 export; a list [A,B,...] of the first
+    # three decodes them as an ensemble (mt/ensemble.py).
+    checkpoint: Any = MISSING
     input: str = "-"  # a file, or - for stdin
     input_errors: str = "strict"  # bytes that are not UTF-8: strict (a one-line error naming the line) | replace
     # Lines read, translated and written at a time: memory stays bounded for any input (without references and
@@ -200,6 +207,7 @@ def to_dataclass(cfg: DictConfig) -> Any:
     if isinstance(obj, Config):
         validate(obj)
     elif isinstance(obj, TranslateConfig):
+        obj.checkpoint = checkpoint_list(obj.checkpoint)
         validate_decode(obj.decode)
         _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
         _choice("input_errors", obj.input_errors, ("strict", "replace"))
@@ -212,6 +220,14 @@ def to_dataclass(cfg: DictConfig) -> Any:
             if getattr(obj, key) < 1:
                 raise ConfigError(f"{key}={getattr(obj, key)} is below its minimum 1; fix the override")
     return obj
+
+
+def checkpoint_list(value) -> list[str]:
+    """translate.py's `checkpoint=`: one path, or a list of paths (an ensemble), as a non-empty list of strings."""
+    paths = [value] if isinstance(value, str | Path) else list(value)
+    if not paths or not all(isinstance(p, str | Path) and str(p) for p in paths):
+        raise ConfigError(f"checkpoint={value!r}: give a path, or a list of paths [A,B] to decode as an ensemble")
+    return [str(p) for p in paths]
 
 
 def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
@@ -275,6 +291,10 @@ def validate(cfg: Config) -> None:
     if cfg.train.schedule == "linear" and not (cfg.train.max_updates or cfg.train.max_time):
         raise ConfigError(
             "train.schedule=linear decays the lr to 0 over the run's budget; set train.max_updates or train.max_time"
+        )
+    if not 0.0 <= cfg.train.ema_decay < 1.0:
+        raise ConfigError(
+            f"train.ema_decay={cfg.train.ema_decay} is a decay per update; use a value in [0, 1), e.g. 0.999"
         )
     if not 0.0 <= cfg.train.bpe_dropout < 1.0:
         raise ConfigError(f"train.bpe_dropout={cfg.train.bpe_dropout} is a probability; use a value in [0, 1)")

@@ -30,7 +30,7 @@ def finish(trainer) -> dict:
     elif candidates:
         best_metric = -math.inf
         for name, weights in candidates.items():
-            trainer.model.load_state_dict(weights)
+            trainer.kept_model.load_state_dict(weights)
             result = trainer.validate(bleu_subset=0)
             metric = result.get("valid_bleu", -result["valid_loss"])
             trainer.metrics.write({"kind": "final_choice", "candidate": name, "update": trainer.update, **result})
@@ -38,7 +38,7 @@ def finish(trainer) -> dict:
             if metric > best_metric:
                 best_metric, tag = metric, name
     if candidates:
-        trainer.model.load_state_dict(candidates[tag])
+        trainer.kept_model.load_state_dict(candidates[tag])
     final = trainer.state(full=False)
     final["chosen"] = tag
     checkpoint.save_atomic(final, run_dir / "checkpoint_final.pt")  # what `translate.py checkpoint=RUN_DIR` loads
@@ -67,8 +67,9 @@ def evaluate_splits(trainer, splits: list[str], tag: str) -> list[dict]:
     for split in splits:
         ds = data.drop_empty(data.load_split(cfg.data, split), f"{cfg.data.name}/{split}")
         start = time.perf_counter()
-        src_ids = encode_within_positions(vocabs, list(ds["src"]), trainer.model.cfg.max_positions - 1)
-        hyps = translate_ids(trainer.model, src_ids, cfg.decode, trainer.device, trainer.amp)
+        model = trainer.kept_model
+        src_ids = encode_within_positions(vocabs, list(ds["src"]), model.cfg.max_positions - 1)
+        hyps = translate_ids(model, src_ids, cfg.decode, trainer.device, trainer.amp)
         seconds = time.perf_counter() - start
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
         (trainer.run_dir / f"{split}.hyp").write_text("".join(t + "\n" for t in texts))

@@ -17,6 +17,7 @@ from mt import checkpoint, data
 from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.ct2 import CTranslate2Model
+from mt.ensemble import Ensemble
 from mt.evaluation import translate_ids, write_report
 from mt.plots import cross_attention, plot_attention
 from mt.runtime import pick_autocast, use_tf32
@@ -210,6 +211,31 @@ def load_translator(ckpt: dict, decode: DecodeConfig, precision: str, device: to
     model.to(device).eval()
     use_tf32(device)
     return model, vocabs, pick_autocast(precision, device)
+
+
+def load_ensemble(ckpts: list[dict], precision: str, device: torch.device, plot: bool = False):
+    """(ensemble, vocabs, autocast dtype) for several checkpoints of this project's models (mt/ensemble.py); they
+    must share the tokenizers, which turn text into ids and back for all of them."""
+    if plot:
+        raise ConfigError("plot_attention shows one model's attention; give one checkpoint, not a list")
+    models, vocabs = [], None
+    for ckpt in ckpts:
+        if ckpt["format"] == CT2_FORMAT:
+            raise ConfigError(f"{ckpt['path']}: a CTranslate2 export cannot be ensembled; give run dirs, .pt files "
+                              "or releases")  # fmt: skip
+        model, v = checkpoint.build_model(ckpt)
+        if vocabs is None:
+            vocabs = v
+        for side, name in (("tgt", "target"), ("src", "source")):
+            if getattr(v, side).digest() != getattr(vocabs, side).digest():
+                raise ConfigError(
+                    f"{ckpt['path']}: its {name} vocabulary differs from {ckpts[0]['path']}'s; an ensemble's models "
+                    "must share the tokenizers (train them on the same data and tokenizer settings)"
+                )
+        models.append(model)
+    ensemble = Ensemble(models).to(device).eval()
+    use_tf32(device)
+    return ensemble, vocabs, pick_autocast(precision, device)
 
 
 def translate_stream(cfg: TranslateConfig, model, vocabs, device, amp) -> None:

@@ -27,12 +27,21 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     valid = [r for r in records if r["kind"] == "valid"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     ax1.plot([r["update"] for r in train], [r["loss"] for r in train], label="train loss (label-smoothed)")
-    ax1.plot([r["update"] for r in valid], [r["valid_loss"] for r in valid], "o-", label="valid loss")
+    raw = any("raw_valid_loss" in r for r in valid)  # a weight average (train.ema_decay) and the raw weights
+    kept = "valid loss (weight average)" if raw else "valid loss"
+    ax1.plot([r["update"] for r in valid], [r["valid_loss"] for r in valid], "o-", label=kept)
+    if raw:
+        ax1.plot([r["update"] for r in valid], [r.get("raw_valid_loss", float("nan")) for r in valid], "o--",
+                 label="valid loss (raw weights)")  # fmt: skip
     ax1.set_xlabel("update")
     ax1.set_ylabel("loss per target token")
     ax1.legend()
     if any("valid_bleu" in r for r in valid):
-        ax2.plot([r["update"] for r in valid], [r.get("valid_bleu", float("nan")) for r in valid], "o-")
+        for key, style, label in (("valid_bleu", "o-", "weight average"), ("raw_valid_bleu", "o--", "raw weights")):
+            if any(key in r for r in valid):
+                ax2.plot([r["update"] for r in valid], [r.get(key, float("nan")) for r in valid], style, label=label)
+        if raw:
+            ax2.legend()
         ax2.set_ylabel("valid BLEU")
     ax2.set_xlabel("update")
     fig.tight_layout()

@@ -26,6 +26,7 @@ from mt import checkpoint, distributed, runtime
 from mt.batching import Batch
 from mt.config import Config, DecodeConfig, TrainConfig
 from mt.corpus import Corpus, training_batches
+from mt.ema import WeightEMA
 from mt.evaluation import validation_bleu, validation_loss
 from mt.metrics import MetricsLog, RunningSums
 from mt.model import Transformer
@@ -97,6 +98,7 @@ class Trainer:
         torch.manual_seed(self.tc.seed)
         self.model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt)).to(self.device)
         self.optimizer = build_optimizer(self.model, self.tc, self.device)
+        self.ema = WeightEMA(self.model, self.tc.ema_decay) if self.tc.ema_decay else None
         self.update, self.epochs_done = 0, 0
         self.budget, self.budget_used = Budget(self.tc.max_updates, self.tc.max_time), 0.0
         schedule = functools.partial(lr_at, cfg=self.tc, d_model=cfg.model.d_model)
@@ -154,6 +156,8 @@ class Trainer:
             stats["skipped"] = True
             return stats
         self.update += 1
+        if self.ema is not None:
+            self.ema.update(self.model)
         if self.tc.schedule == "linear" or self.tc.cooldown:  # only these read it (under DDP it costs an all_reduce)
             self.budget_used = distributed.all_max(self.budget.used(self.update), self.device)
         self.scheduler.step()
@@ -169,24 +173,34 @@ class Trainer:
                 "rate (train.lr / train.noam_scale), set train.clip_norm, or try train.precision=fp32"
             )
 
-    def validate(self, bleu_subset: int | None = None) -> dict:
-        """Validation loss/perplexity, and BLEU of the decode config's search on (a subset of) the val split.
+    @property
+    def kept_model(self) -> Transformer:
+        """The model the run keeps, validates and decodes: the weight average with `train.ema_decay`, else the
+        trained weights themselves."""
+        return self.ema.model if self.ema is not None else self.model
+
+    def validate(self, bleu_subset: int | None = None, model: Transformer | None = None) -> dict:
+        """Validation loss/perplexity, and BLEU of the decode config's search on (a subset of) the val split, of
+        `model` (default: the kept model).
 
         `bleu_subset`: sentences decoded for BLEU, 0 = all; default `train.valid_bleu_subset`."""
-        valid, tc = self.corpus.valid, self.tc
-        result = validation_loss(self.model, valid, tc.max_tokens, tc.label_smoothing, self.device, self.amp)
+        valid, tc, model = self.corpus.valid, self.tc, model or self.kept_model
+        result = validation_loss(model, valid, tc.max_tokens, tc.label_smoothing, self.device, self.amp)
         if tc.valid_bleu:
             k = (tc.valid_bleu_subset if bleu_subset is None else bleu_subset) or len(valid)
-            result.update(self.bleu(valid.select(range(min(k, len(valid)))), self.cfg.decode))
+            result.update(self.bleu(valid.select(range(min(k, len(valid)))), self.cfg.decode, model))
         return result
 
-    def bleu(self, ds: datasets.Dataset, decode_cfg: DecodeConfig) -> dict:
-        return validation_bleu(self.model, ds, self.corpus.vocabs, decode_cfg, self.device, self.amp)
+    def bleu(self, ds: datasets.Dataset, decode_cfg: DecodeConfig, model: Transformer | None = None) -> dict:
+        model = model or self.kept_model
+        return validation_bleu(model, ds, self.corpus.vocabs, decode_cfg, self.device, self.amp)
 
     def _validate_and_keep_best(self) -> None:
         if self.rank == 0:
             result = self.validate()
-            metric = result.get("valid_bleu", -result["valid_loss"])
+            if self.ema is not None and self.tc.ema_validate_raw:  # the average's gain, at every validation
+                result.update({f"raw_{k}": v for k, v in self.validate(model=self.model).items()})
+            metric = result.get("valid_bleu", -result["valid_loss"])  # of the kept model
             improved = metric > self.best
             if improved:
                 self.best, self.bad_validations = metric, 0

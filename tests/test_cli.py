@@ -105,6 +105,16 @@ def test_exports_translate_as_the_checkpoint_does(smoke_run, tmp_path):
 
 
 @needs_multi30k()
+def test_translate_decodes_a_list_of_checkpoints_as_an_ensemble(smoke_run):
+    """A model ensembled with itself translates as the model; a list mixing a run dir and a .pt file is read."""
+    src = "\n".join(read_gz(MULTI30K / "val.en.gz", 30)) + "\n"
+    alone = run(["translate.py", f"checkpoint={smoke_run}"], input=src)
+    pt = smoke_run / "checkpoint_final.pt"
+    both = run(["translate.py", f"checkpoint=[{smoke_run},{pt}]"], input=src)
+    assert both.stdout == alone.stdout and "ensemble of 2 models" in both.stderr
+
+
+@needs_multi30k()
 def test_translate_writes_no_files_and_logs_to_stderr(smoke_run, tmp_path):
     p = subprocess.run(
         [sys.executable, str(ROOT / "translate.py"), f"checkpoint={smoke_run}"],

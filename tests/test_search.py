@@ -208,3 +208,59 @@ def test_min_len_beyond_the_length_cap_still_ends_every_hypothesis(trained_model
     hyps = (greedy_search if beam == 1 else beam_search)(trained_model, src, mask, cfg)
     assert [len(hs) for hs in hyps] == [beam] * len(src)
     assert all(len(h.tokens) == 4 and math.isfinite(h.score) for hs in hyps for h in hs)  # 4 tokens + </s> = 5
+
+
+def hyps_of(results):
+    return [[h.tokens for h in hs] for hs in results]
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_an_ensemble_of_one_or_of_a_model_with_itself_decodes_as_the_model(trained_model, beam):
+    from mt.ensemble import Ensemble
+
+    src, mask = padded_sources()
+    cfg = DecodeConfig(beam_size=beam, nbest=beam, length_penalty=1.0)
+    search = greedy_search if beam == 1 else beam_search
+    alone = search(trained_model, src, mask, cfg)
+    for members in ([trained_model], [trained_model, trained_model]):
+        together = search(Ensemble(members).eval(), src, mask, cfg)
+        assert hyps_of(together) == hyps_of(alone)
+        for hs, us in zip(together, alone):
+            assert [h.score for h in hs] == pytest.approx([u.score for u in us], abs=1e-4)
+
+
+def test_an_ensemble_scores_the_mean_of_its_models_log_probabilities(trained_model):
+    import copy
+
+    from mt.ensemble import Ensemble
+
+    other = copy.deepcopy(trained_model)
+    with torch.no_grad():
+        other.output.weight.mul_(1.7)  # another model: other next-token distributions
+    src, mask = padded_sources()
+    tgt = torch.randint(4, 20, (src.size(0), 4))
+    ensemble = Ensemble([trained_model, other]).eval()
+    with torch.no_grad():
+        got = ensemble.decode(tgt, ensemble.encode(src, mask), mask)
+        a, b = (m.decode(tgt, m.encode(src, mask), mask).log_softmax(-1) for m in (trained_model, other))
+    torch.testing.assert_close(got, (a + b) / 2)
+    cfg = DecodeConfig(beam_size=4, length_penalty=1.0)
+    cached = beam_search(ensemble, src, mask, cfg)  # one KV cache per model, reordered together
+    assert hyps_of(cached) == hyps_of(beam_search(ensemble, src, mask, DecodeConfig(beam_size=4, use_cache=False)))
+    assert hyps_of(cached) != hyps_of(beam_search(other, src, mask, cfg))
+
+
+def test_an_ensemble_of_models_with_other_vocabularies_is_refused_in_one_line(trained_model, monkeypatch):
+    from mt import checkpoint
+    from mt.config import ConfigError
+    from mt.inference import load_ensemble
+
+    def vocabs(src, tgt):
+        side = lambda d: SimpleNamespace(digest=lambda: d)  # noqa: E731
+        return SimpleNamespace(src=side(src), tgt=side(tgt))
+
+    built = iter([(trained_model, vocabs("s", "t")), (trained_model, vocabs("s", "other"))])
+    monkeypatch.setattr(checkpoint, "build_model", lambda ckpt: next(built))
+    ckpts = [{"format": 1, "path": "runs/a"}, {"format": 1, "path": "runs/b"}]
+    with pytest.raises(ConfigError, match=r"^runs/b: its target vocabulary differs from runs/a's"):
+        load_ensemble(ckpts, "fp32", torch.device("cpu"))

@@ -616,3 +616,61 @@ def test_resume_refuses_a_run_whose_batches_or_updates_would_change(toy_corpus, 
     assert make_trainer(toy_corpus, run, max_updates=8, max_epochs=9, valid_bleu=True, log_every=2).resume()
     anyway = make_trainer(toy_corpus, run, max_updates=8, lr=1e-3, resume_anyway=True)
     assert anyway.resume() and anyway.update == 4 and "continuing as train.resume_anyway=true asks" in caplog.text
+
+
+def test_weight_average_follows_the_warmed_up_decay():
+    from mt.ema import WeightEMA
+    from mt.model import Transformer
+
+    torch.manual_seed(0)
+    model = Transformer(tiny_model_config(), 30, 30)
+    ema = WeightEMA(model, decay=0.5)
+    expected = None
+    for t in range(12):  # the decay: first update copied, then 2/11, 3/12, ..., 9/18 = 0.5, then capped at 0.5
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        weights = {k: v.clone() for k, v in model.named_parameters()}
+        d = min(0.5, (1 + t) / (10 + t))  # t: the updates averaged before this one
+        expected = weights if expected is None else {k: d * expected[k] + (1 - d) * weights[k] for k in weights}
+        ema.update(model)
+    averaged = dict(ema.model.named_parameters())
+    assert ema.updates == 12
+    for k, v in expected.items():
+        torch.testing.assert_close(averaged[k], v, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(averaged[k], dict(model.named_parameters())[k])
+
+
+def test_exact_resume_with_a_weight_average(toy_corpus, tmp_path):
+    """N updates straight == k, stop, resume, N: bitwise equal trained weights and weight average."""
+    N, k = 14, 5
+    straight = make_trainer(toy_corpus, tmp_path / "a", max_updates=N, ema_decay=0.9)
+    straight.fit(job_start=0)
+    first = make_trainer(toy_corpus, tmp_path / "b", max_updates=k, ema_decay=0.9)
+    first.fit(job_start=0)
+    second = make_trainer(toy_corpus, tmp_path / "b", max_updates=N, ema_decay=0.9)
+    second.fit(job_start=0)
+    assert second.update == N and second.ema.updates == N
+    for a, b in ((straight.model, second.model), (straight.ema.model, second.ema.model)):
+        sa, sb = a.state_dict(), b.state_dict()
+        assert all(torch.equal(sa[key], sb[key]) for key in sa)
+    raw, averaged = straight.model.state_dict(), straight.ema.model.state_dict()
+    assert not torch.equal(raw["output.weight"], averaged["output.weight"])
+
+
+def test_a_run_with_a_weight_average_validates_both_and_keeps_the_average(toy_corpus, tmp_path):
+    from mt.inference import load_translator
+
+    run = tmp_path / "run"
+    trainer = make_trainer(toy_corpus, run, max_epochs=2, ema_decay=0.99, average_last=0, valid_bleu=True)
+    trainer.fit(job_start=0)
+    finish(trainer)
+    valid = [r for r in read_metrics(run) if r["kind"] == "valid"]
+    assert len(valid) == 2 and all({"valid_loss", "valid_bleu", "raw_valid_loss", "raw_valid_bleu"} <= r.keys()
+                                   for r in valid)  # fmt: skip
+    assert valid[-1]["valid_loss"] != valid[-1]["raw_valid_loss"]
+    # What translate.py loads from the run dir is the weight average, not the trained weights.
+    model, _, _ = load_translator(checkpoint.load(run), DecodeConfig(), "fp32", torch.device("cpu"))
+    decoded, averaged, raw = model.state_dict(), trainer.ema.model.state_dict(), trainer.model.state_dict()
+    assert all(torch.equal(decoded[k], averaged[k]) for k in decoded)
+    assert not all(torch.equal(decoded[k], raw[k]) for k in decoded)
