@@ -30,7 +30,8 @@ from mt.tokenizer import BOS, EOS, PAD, UNK, Vocabs
 
 
 def _array(t) -> np.ndarray:
-    return t.detach().float().cpu().numpy()
+    """A copy: `.numpy()` shares the tensor's memory, and the converter's quantization rewrites arrays in place."""
+    return t.detach().float().cpu().numpy().copy()
 
 
 def _linear(spec, module) -> None:

@@ -52,6 +52,18 @@ def test_ctranslate2_export_decodes_token_for_token(toy_vocab, tmp_path, model):
     assert EOS not in sum(theirs, [])
 
 
+def test_exporting_leaves_the_model_as_it_was(toy_vocab, tmp_path):
+    """The spec's arrays are copies: CTranslate2's int8 quantization rewrites them in place."""
+    from mt.export import write_ctranslate2
+
+    pairs, vocabs = toy_vocab
+    m = train_tiny(vocabs, pairs)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    for q in (None, "int8"):
+        write_ctranslate2(m, vocabs, tmp_path / str(q), q, {"decode": {}})
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
 def test_release_loads_without_pickle_and_equals_the_checkpoint(toy_corpus, tmp_path, monkeypatch):
     import pickle
     import time
