@@ -208,7 +208,7 @@ def test_final_choice_scores_best_and_average_on_the_whole_val_split(toy_corpus,
     )
     decoded = []  # sentences each BLEU validation decodes
     bleu = trainer.bleu
-    monkeypatch.setattr(trainer, "bleu", lambda ds, cfg: decoded.append(len(ds)) or bleu(ds, cfg))
+    monkeypatch.setattr(trainer, "bleu", lambda ds, cfg, model: decoded.append(len(ds)) or bleu(ds, cfg, model))
     trainer.fit(job_start=0)
     assert decoded == [2, 2, 2]  # per epoch: the subset
     finish(trainer)
