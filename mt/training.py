@@ -184,7 +184,7 @@ class Trainer:
         `model` (default: the kept model).
 
         `bleu_subset`: sentences decoded for BLEU, 0 = all; default `train.valid_bleu_subset`."""
-        valid, tc, model = self.corpus.valid, self.tc, model or self.kept_model
+        valid, tc, model = self.corpus.valid, self.tc, self.kept_model if model is None else model
         result = validation_loss(model, valid, tc.max_tokens, tc.label_smoothing, self.device, self.amp)
         if tc.valid_bleu:
             k = (tc.valid_bleu_subset if bleu_subset is None else bleu_subset) or len(valid)
@@ -192,7 +192,7 @@ class Trainer:
         return result
 
     def bleu(self, ds: datasets.Dataset, decode_cfg: DecodeConfig, model: Transformer | None = None) -> dict:
-        model = model or self.kept_model
+        model = self.kept_model if model is None else model
         return validation_bleu(model, ds, self.corpus.vocabs, decode_cfg, self.device, self.amp)
 
     def _validate_and_keep_best(self) -> None:
