@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from mt import checkpoint, data  # noqa: E402
 from mt.config import DataConfig, DecodeConfig  # noqa: E402
+from mt.errors import USER_ERRORS  # noqa: E402
 from mt.evaluation import score, translate_ids  # noqa: E402
 from mt.inference import load_ensemble  # noqa: E402
 from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
@@ -45,9 +46,12 @@ def main() -> None:
     datasets.disable_progress_bars()
     keep_freed_memory_in_the_heap()  # as translate.py does
     cpu = torch.device("cpu")
-    ckpts = [checkpoint.load(path) for path in args.checkpoints]
-    ensemble, vocabs, _ = load_ensemble(ckpts, "fp32", cpu)
-    split = data.drop_empty(data.load_split(DataConfig(**ckpts[0]["config"]["data"]), args.split), args.split)
+    try:  # a missing run, models of another vocabulary, an unknown split: one line, as translate.py answers
+        ckpts = [checkpoint.load(path) for path in args.checkpoints]
+        ensemble, vocabs, _ = load_ensemble(ckpts, "fp32", cpu)
+        split = data.drop_empty(data.load_split(DataConfig(**ckpts[0]["config"]["data"]), args.split), args.split)
+    except USER_ERRORS as e:
+        sys.exit(f"error: {e}")
     if args.limit:
         split = split.select(range(min(args.limit, len(split))))
     src, refs = list(split["src"]), list(split["tgt"])
