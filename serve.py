@@ -22,7 +22,7 @@ from mt import checkpoint
 from mt.config import ConfigError, ServeConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
 from mt.inference import load_translator, run_decode_settings
-from mt.runtime import pick_device
+from mt.runtime import pick_device, prefer_expandable_segments
 
 log = logging.getLogger("serve")
 register_configs()
@@ -31,6 +31,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="serve")
 def main(dcfg: DictConfig) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s", force=True)
+    prefer_expandable_segments()
     try:
         try:
             import uvicorn

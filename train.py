@@ -25,7 +25,7 @@ from mt.config import register_configs, to_dataclass
 from mt.corpus import prepare_data
 from mt.errors import USER_ERRORS
 from mt.finish import finish
-from mt.runtime import keep_freed_memory_in_the_heap
+from mt.runtime import keep_freed_memory_in_the_heap, prefer_expandable_segments
 from mt.training import Trainer, restore_signal_handlers
 
 log = logging.getLogger("train")
@@ -36,6 +36,7 @@ register_configs()
 def main(dcfg: DictConfig) -> None:
     job_start = time.time()
     keep_freed_memory_in_the_heap()
+    prefer_expandable_segments()
     try:
         cfg = to_dataclass(dcfg)
         if not cfg.train.progress:  # no bars at all, also none from `datasets` while it reads and maps the corpus

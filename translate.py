@@ -26,7 +26,7 @@ from mt import checkpoint
 from mt.config import TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
 from mt.inference import load_ensemble, load_translator, run_decode_settings, translate_stream, translate_whole
-from mt.runtime import keep_freed_memory_in_the_heap, pick_device
+from mt.runtime import keep_freed_memory_in_the_heap, pick_device, prefer_expandable_segments
 
 log = logging.getLogger("translate")
 register_configs()
@@ -35,6 +35,7 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="translate")
 def main(dcfg: DictConfig) -> None:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(levelname)s %(message)s", force=True)
+    prefer_expandable_segments()
     keep_freed_memory_in_the_heap()  # beam search's cache buffers and logits would otherwise page-fault anew
     try:
         cfg: TranslateConfig = to_dataclass(dcfg)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mt import runtime
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.model import Transformer
 from mt.tokenizer import Vocabs
@@ -200,6 +201,8 @@ def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: 
         raise CheckpointError(f"{path}: holds weights only (no optimizer state); it cannot be resumed")
     model.load_state_dict(ckpt.get("raw_model", ckpt["model"]))  # the trained weights, under a weight average
     for name, obj in resumable.items():
+        if name == "scaler" and not ckpt[name]:  # saved without fp16: this run's GradScaler starts afresh
+            continue
         obj.load_state_dict(ckpt[name])
     return ckpt
 
@@ -245,6 +248,7 @@ def resume_trainer(trainer) -> bool:
     if path is None:
         return False
     ckpt = restore_training(path, trainer.model, trainer.corpus.vocabs, _resumable(trainer))
+    runtime.use_optimizer_kernel(trainer.optimizer, trainer.device)  # the saving run's device may differ
     now = run_fingerprint(asdict(trainer.cfg), trainer.world)
     check_fingerprint(path, ckpt.get("fingerprint"), now, trainer.tc.resume_anyway)
     rngs = ckpt.get("rng_per_rank") or [ckpt["rng"]]

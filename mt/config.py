@@ -115,8 +115,13 @@ class TrainConfig:
     valid_bleu: bool = True
     valid_bleu_subset: int = 0  # sentences of val decoded for BLEU; 0 = all
     patience: int = 0  # validations without improvement of val BLEU before stopping; 0 = off
-    keep_last: int = 3
+    keep_last: int = 3  # epoch checkpoints (weights) kept; written only when this or average_last is above 0
     average_last: int = 0  # average the last K epoch checkpoints at the end; 0 = off
+    # Minutes between writes of checkpoint_last.pt (what a resume continues from), also inside an epoch; 0 = at the
+    # end of every epoch. Every stop (budget, signal, end) writes it. Set it where epochs take seconds (a GPU).
+    save_every: float = 0.0
+    # torch.use_deterministic_algorithms(True): bitwise repeatable CUDA runs, at some cost in speed.
+    deterministic: bool = False
     resume: str = "auto"  # auto | never | path to a checkpoint
     # Continue a run although this command changes what decides its batches or updates (train.lr, max_tokens,
     # data, world size, ...: mt.checkpoint.RESUME_KEYS); without it such a resume stops with an error.
@@ -266,6 +271,7 @@ def validate(cfg: Config) -> None:
         ("train.valid_every", cfg.train.valid_every, 0),
         ("train.keep_last", cfg.train.keep_last, 0),
         ("train.average_last", cfg.train.average_last, 0),
+        ("train.save_every", cfg.train.save_every, 0.0),
         ("train.max_nan_updates", cfg.train.max_nan_updates, 1),
         ("train.wait_timeout", cfg.train.wait_timeout, 0.1),
     ):

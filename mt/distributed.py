@@ -80,12 +80,23 @@ def stop_code(reason: str | None) -> int:
     return SIGNAL if reason in ("SIGINT", "SIGTERM") else OTHER
 
 
+def agreed_reason(reason: str | None, agreed_code: int) -> str | None:
+    """This rank's stop reason (None = go on), raised to `agreed_code`, the strongest kind any rank has (the ranks'
+    largest `stop_code`): ranks' clocks differ, so one may reach max_time an update before the others, and a signal
+    may reach one rank only."""
+    return STOP_ON_ANOTHER_RANK[agreed_code] if agreed_code > stop_code(reason) else reason
+
+
 def agree_on_stop(reason: str | None, device: torch.device) -> str | None:
-    """This rank's stop reason (None = go on), raised to the strongest kind any rank has: ranks' clocks differ,
-    so one may reach max_time an update before the others, and a signal may reach one rank only."""
-    code = stop_code(reason)
-    agreed = int(all_max(code, device))
-    return STOP_ON_ANOTHER_RANK[agreed] if agreed > code else reason
+    """`agreed_reason` with the ranks' codes gathered now (one all_reduce)."""
+    return agreed_reason(reason, int(all_max(stop_code(reason), device)))
+
+
+def max_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """`t`, element-wise the largest over all ranks (in place; one all_reduce, none in one process)."""
+    if world_and_rank()[0] > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
 
 
 def shutdown() -> None:

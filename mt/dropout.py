@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from mt import runtime
+
 
 class Dropout(nn.Dropout):
     """nn.Dropout with a cheaper mask on the CPU; CUDA and eval use the standard kernel.
@@ -15,7 +17,7 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0 or x.device.type != "cpu":
+        if not self.training or self.p == 0 or runtime.on_cuda(x.device):
             return super().forward(x)
         threshold = round(self.p * 256)
         if threshold in (0, 256):  # p within 1/512 of 0 or 1: eight bits cannot express it, the exact kernel can

@@ -3,14 +3,16 @@ OpenNMT's -average_decay): the raw weights train, the average is what is validat
 
 After each update, ema <- d * ema + (1 - d) * weights with a decay warmed up as in TensorFlow's
 ExponentialMovingAverage, d = min(decay, (1 + t) / (10 + t)), t = the updates averaged before this one, so the
-first updates' near-random weights fade quickly. The average starts as the weights after the first update. It lives
-in torch's AveragedModel: a copy of the model in fp32 on the training device.
+first updates' near-random weights fade quickly. The average starts as the weights after the first update. It is
+a copy of the model in fp32 on the training device; the count t lives on the host, so an update never waits for
+the GPU (torch's AveragedModel keeps it on the device and reads it back at every update).
 """
 
 from __future__ import annotations
 
+import copy
+
 import torch
-from torch.optim.swa_utils import AveragedModel
 
 from mt.model import Transformer
 
@@ -20,36 +22,25 @@ def warmed_decay(decay: float, t: int) -> float:
     return min(decay, (1 + t) / (10 + t))
 
 
-def _ema_step(decay: float):
-    @torch.no_grad()
-    def step(averages: list[torch.Tensor], weights: list[torch.Tensor], n_averaged: torch.Tensor) -> None:
-        torch._foreach_lerp_(averages, weights, 1.0 - warmed_decay(decay, int(n_averaged)))
-
-    return step
-
-
 class WeightEMA:
     """The moving average of `model`'s parameters; `update(model)` after each optimizer step."""
 
     def __init__(self, model: Transformer, decay: float):
         if any(p.dtype != torch.float32 for p in model.parameters()):
             raise ValueError("the weight average is kept in fp32; train with fp32 parameters (autocast keeps them)")
-        self.decay = decay
-        self.averaged = AveragedModel(model, multi_avg_fn=_ema_step(decay))
+        self.decay, self.updates = decay, 0
+        self.model: Transformer = copy.deepcopy(model).requires_grad_(False)  # decode or validate it; never train it
 
-    @property
-    def model(self) -> Transformer:
-        """A Transformer holding the averaged weights (decode or validate it; do not train it)."""
-        return self.averaged.module
-
-    @property
-    def updates(self) -> int:
-        return int(self.averaged.n_averaged)
-
+    @torch.no_grad()
     def update(self, model: Transformer) -> None:
-        self.averaged.update_parameters(model)
+        averages, weights = list(self.model.parameters()), list(model.parameters())
+        if self.updates == 0:
+            torch._foreach_copy_(averages, weights)
+        else:
+            torch._foreach_lerp_(averages, weights, 1.0 - warmed_decay(self.decay, self.updates))
+        self.updates += 1
 
     def load(self, weights: dict, updates: int) -> None:
         """Restore from a checkpoint: the averaged weights and how many updates they average."""
         self.model.load_state_dict(weights)
-        self.averaged.n_averaged.fill_(updates)
+        self.updates = updates

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from mt import runtime
 from mt.tokenizer import PAD
 
 
@@ -83,7 +84,7 @@ def projected_label_smoothed_loss(
     states (N, D), weight (V, D) (the output projection's, bias-free), target (N,); `chunk` rows at a time: by
     default 256 on the CPU (the fastest on the recipe's shapes, `benchmarks/loss.py`, its logits stay in cache) and
     8,192 on CUDA (large matmuls keep the GPU busy; memory stays bounded for large vocabularies)."""
-    chunk = chunk or (256 if states.device.type == "cpu" else 8192)
+    chunk = chunk or (8192 if runtime.on_cuda(states.device) else 256)
     # forward() runs with autograd off, so whether gradients will be wanted is decided here
     want_grad = torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad)
     states = states.reshape(-1, states.size(-1))

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mt import fast_attention
+from mt import fast_attention, runtime
 from mt.cache import DecoderCache, append_kv
 from mt.config import ModelConfig
 from mt.dropout import Dropout
@@ -196,7 +196,7 @@ class DecoderLayer(nn.Module):
 def skips_padding_rows(device: torch.device) -> bool:
     """The CPU drops padding positions before the output layer (their compute is the cost); CUDA keeps them, masked
     inside the loss, since selecting rows by a boolean mask would make the CPU wait for the GPU to count them."""
-    return device.type == "cpu"
+    return not runtime.on_cuda(device)
 
 
 class Transformer(nn.Module):

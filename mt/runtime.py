@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import platform
 import sys
 
@@ -31,6 +32,28 @@ def keep_freed_memory_in_the_heap() -> bool:
     return all(libc.mallopt(option, value) == 1 for option, value in settings)
 
 
+def prefer_expandable_segments() -> None:
+    """CUDA's caching allocator with expandable segments, unless the user configured the allocator: batches differ in
+    shape at every step, and fixed-size segments fragment into blocks no new shape fits (out-of-memory with memory
+    free). Read when CUDA first allocates, so the entry points call this first."""
+    if "PYTORCH_ALLOC_CONF" not in os.environ and "PYTORCH_CUDA_ALLOC_CONF" not in os.environ:
+        os.environ["PYTORCH_ALLOC_CONF"] = "expandable_segments:True"
+
+
+def use_deterministic_algorithms() -> None:
+    """`train.deterministic`: bitwise repeatable runs on CUDA (cuBLAS needs its workspace setting before its first
+    matmul), at some cost in speed."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
+def on_cuda(device: torch.device) -> bool:
+    """Whether `device` takes the CUDA code paths (fused Adam, GradScaler, padding masked in the loss, pinned
+    prefetch, ...). Every such branch asks this one predicate, so that the tests can force the CUDA paths on the CPU
+    (tests/conftest.py: `cuda_branches`)."""
+    return device.type == "cuda"
+
+
 def pick_device(name: str) -> torch.device:
     """`auto` = CUDA when available, else the CPU; `cuda[:N]` without CUDA is a config error."""
     if name == "auto":
@@ -46,7 +69,7 @@ def training_device(name: str, quantize: str) -> torch.device:
     device = pick_device(name)
     if device.type == "cuda" and torch.distributed.is_initialized():
         device = torch.device("cuda", torch.cuda.current_device())
-    if quantize == "int8" and device.type != "cpu":
+    if quantize == "int8" and on_cuda(device):
         raise ConfigError(f"decode.quantize=int8 runs on the CPU only (device: {device}); set decode.quantize=none")
     return device
 
@@ -55,14 +78,28 @@ def pick_autocast(precision: str, device: torch.device) -> torch.dtype | None:
     """The autocast dtype, or None for fp32. `auto` = bf16 where the hardware runs it natively (AMX CPUs, Ampere and
     newer GPUs), fp16 on older CUDA GPUs, fp32 on other CPUs (emulated bf16 is slower than fp32 there)."""
     if precision == "auto":
-        if device.type == "cuda":  # emulated bf16 (pre-Ampere) would be slow: fp16 with a GradScaler there
+        if on_cuda(device):  # emulated bf16 (pre-Ampere) would be slow: fp16 with a GradScaler there
             native = torch.cuda.is_bf16_supported(including_emulation=False)
             return torch.bfloat16 if native else torch.float16
         amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
         return torch.bfloat16 if amx else None
-    if precision == "fp16" and device.type != "cuda":
+    if precision == "fp16" and not on_cuda(device):
         raise ConfigError("train.precision=fp16 needs CUDA (no fp16 GradScaler on CPU); use bf16 or fp32")
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+
+
+def optimizer_kernel(device: torch.device) -> dict:
+    """Adam's kernel: one for all parameters on CUDA (fused), one per group of tensors on the CPU (foreach)."""
+    return dict(fused=True, foreach=None) if on_cuda(device) else dict(fused=None, foreach=True)
+
+
+def use_optimizer_kernel(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """Set `optimizer_kernel(device)` on a built optimizer. `load_state_dict` restores the saving run's flags, so a
+    run started on the CPU would step with foreach Adam on CUDA: slower, and under fp16 the GradScaler, which passes
+    its scale to a fused optimizer, would fail."""
+    for group in optimizer.param_groups:
+        group.update(optimizer_kernel(device))
+    optimizer._step_supports_amp_scaling = bool(optimizer_kernel(device)["fused"])  # as Adam's constructor sets it
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
@@ -73,5 +110,5 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
 def use_tf32(device: torch.device) -> None:
     """fp32 matmuls on CUDA in TF32 (Ampere and newer): full-precision GEMMs there run at a fraction of the speed,
     and TF32's 10-bit mantissa in the products is what PyTorch's own AMP recipes accept for fp32 training."""
-    if device.type == "cuda":
+    if on_cuda(device):
         torch.set_float32_matmul_precision("high")

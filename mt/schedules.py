@@ -73,16 +73,17 @@ class Budget:
         """Add the current stretch to `elapsed` (before a checkpoint records it)."""
         self.elapsed, self.clock_start = self.seconds(), time.time()
 
-    def used(self, update: int) -> float:
-        """Fraction spent: of max_updates or of max_time, whichever is further along (0 without a budget)."""
+    def used(self, update: int, seconds: float | None = None) -> float:
+        """Fraction spent: of max_updates or of max_time, whichever is further along (0 without a budget).
+        `seconds`: the clock's reading to use (under DDP the ranks' agreed one), default now."""
         used = update / self.max_updates if self.max_updates else 0.0
         if self.max_seconds:
-            used = max(used, self.seconds() / self.max_seconds)
+            used = max(used, (self.seconds() if seconds is None else seconds) / self.max_seconds)
         return min(used, 1.0)
 
-    def reached(self, update: int) -> str | None:
+    def reached(self, update: int, seconds: float | None = None) -> str | None:
         if self.max_updates and update >= self.max_updates:
             return "max_updates"
-        if self.max_seconds and self.seconds() >= self.max_seconds:
+        if self.max_seconds and (self.seconds() if seconds is None else seconds) >= self.max_seconds:
             return "max_time"
         return None

@@ -1,9 +1,13 @@
 """Greedy and beam search over a model's `encode` / `decode` (and its incremental-decoding cache).
 
 Both search all sentences of a batch at once. Beam search keeps the B sentences x K beams as one (B*K, ...)
-batch, and each step is three small functions: `expand` (score every continuation), `finalize` (hypotheses that
-chose </s> leave the beam) and `prune` (the K best others survive, their caches reordered). Sentences whose search
-is over are dropped from the batch so later steps only compute what is still live.
+batch, and each step is three small functions: `expand` (score every continuation), `prune` (the K best that do
+not end in </s> survive, their caches reordered) and `finalize` (hypotheses that chose </s> leave the beam).
+Sentences whose search is over are dropped from the batch so later steps only compute what is still live.
+
+A step reads the device once (on a GPU every read waits for the work queued before it): greedy whether every
+sentence has ended, beam search the step's candidates in one `tolist`, from which the host keeps each beam's
+tokens as a chain of (token, parent) links, finished hypotheses and stopping decisions.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mt import runtime
 from mt.config import DecodeConfig
 from mt.tokenizer import BOS, EOS, PAD, UNK
 
@@ -66,7 +71,7 @@ def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     """
     n, V = x.shape
     n_blocks = V // block
-    if x.device.type != "cpu" or n_blocks <= k:
+    if runtime.on_cuda(x.device) or n_blocks <= k:
         return x.topk(k, dim=-1)
     best_blocks = x[:, : n_blocks * block].view(n, n_blocks, block).amax(dim=-1).topk(k, dim=-1).indices
     cols = (best_blocks[:, :, None] * block + torch.arange(block, device=x.device)).view(n, k * block)
@@ -77,21 +82,22 @@ def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     return values, cols.gather(1, j)
 
 
-def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig) -> Tensor:
-    """Never <pad> or <s> (optionally <unk>), no </s> before `min_len`; at the length limit only </s> (even
-    before `min_len`).
-    Works in place on logits or log-probabilities (N, V)."""
-    at_limit = max_len <= step + 1  # (N,) this step writes the last allowed position
-    eos = logp[at_limit, EOS].clone() if at_limit.any() else None
+def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig, limit_reached: bool) -> Tensor:
+    """Never <pad> or <s> (optionally <unk>), no </s> before `min_len`; at the length limit `max_len` (N,) only </s>
+    (even before `min_len`). `limit_reached`: whether any row is at its limit, which the host knows.
+    Works in place on logits or log-probabilities (N, V), without reading them back (no boolean indexing)."""
+    if limit_reached:
+        at_limit = (max_len <= step + 1)[:, None]  # (N, 1) this step writes the last allowed position
+        eos = logp[:, EOS : EOS + 1].clone()
     logp[:, PAD] = -math.inf
     logp[:, BOS] = -math.inf
     if cfg.no_unk:
         logp[:, UNK] = -math.inf
     if step < cfg.min_len:
         logp[:, EOS] = -math.inf
-    if eos is not None:  # the length cap wins over min_len: a hypothesis must end somewhere
-        logp[at_limit] = -math.inf
-        logp[at_limit, EOS] = eos
+    if limit_reached:  # the length cap wins over min_len: a hypothesis must end somewhere
+        logp.masked_fill_(at_limit, -math.inf)
+        logp[:, EOS : EOS + 1] = torch.where(at_limit, eos, logp[:, EOS : EOS + 1])
     return logp
 
 
@@ -101,31 +107,33 @@ def greedy_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -
     B, device = src.size(0), src.device
     memory = model.encode(src, src_pad_mask)
     max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
+    shortest, longest = torch.stack(max_len.aminmax()).tolist()
     cache = model.new_cache() if cfg.use_cache else None
     tokens = torch.full((B, 1), BOS, dtype=torch.long, device=device)
     logprob = torch.zeros(B, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
-    for step in range(int(max_len.max())):
+    for step in range(longest):
         logits, log_norm = _next_logits(model, tokens, memory, src_pad_mask, cache)
-        best, next_tok = topk_rows(_forbid(logits, step, max_len, cfg), 1)
+        best, next_tok = topk_rows(_forbid(logits, step, max_len, cfg, shortest <= step + 1), 1)
         best, next_tok = (best - log_norm).squeeze(1), next_tok.squeeze(1)
         next_tok = next_tok.masked_fill(finished, PAD)
         logprob += best.masked_fill(finished, 0.0)
         tokens = torch.cat([tokens, next_tok[:, None]], dim=1)
         finished |= next_tok == EOS
-        if finished.all():
+        if finished.all():  # the step's one read
             break
     out = []
-    for i in range(B):
-        seq = tokens[i, 1:].tolist()
+    for seq, raw in zip(tokens[:, 1:].tolist(), logprob.tolist()):
         n = seq.index(EOS) if EOS in seq else len(seq)
         lp = length_penalty(n + 1, cfg.length_penalty, cfg.length_penalty_type)
-        out.append([Hypothesis(seq[:n], float(logprob[i]) / lp, float(logprob[i]))])
+        out.append([Hypothesis(seq[:n], raw / lp, raw)])
     return out
 
 
 class BeamState:
-    """The live part of a batched beam search: `n` sentences still searching, K beams each."""
+    """The live part of a batched beam search: `n` sentences still searching, K beams each. The device holds what
+    the model reads (tokens, cache, encoder output) and the beams' scores; the host holds each beam's tokens as
+    links, the finished hypotheses and the length limits."""
 
     def __init__(self, model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig):
         B, K, device = src.size(0), cfg.beam_size, src.device
@@ -133,16 +141,26 @@ class BeamState:
         # (B, S, D): the K beams of a sentence (rows i*K .. i*K+K-1 of the decoder batch) share its encoder output.
         self.memory, self.src_pad_mask = model.encode(src, src_pad_mask), src_pad_mask
         self.max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
+        self.limits: list[int] = self.max_len.tolist()  # the same on the host, per live sentence
         self.cache = model.new_cache() if cfg.use_cache else None
         self.tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
         # Only beam 0 is live at the start, so the first expansion does not pick K copies of the same token.
         self.scores = torch.full((B, K), -math.inf, device=device)
         self.scores[:, 0] = 0.0
-        self.sentence = torch.arange(B, device=device)  # original index of each live sentence
+        self.sentence: list[int] = list(range(B))  # original index of each live sentence
+        # Per decoder row: its tokens after <s> as nested (token, previous link) pairs, None = none yet.
+        self.links: list[tuple | None] = [None] * (B * K)
         self.finished: list[list[Hypothesis]] = [[] for _ in range(B)]
-        # Per original sentence: how many hypotheses finished, and the nbest-th best finished score.
-        self.n_finished = torch.zeros(B, dtype=torch.long, device=device)
-        self.nbest_score = torch.full((B,), -math.inf, device=device)
+        self.nbest_score = [-math.inf] * B  # per original sentence: the nbest-th best finished score
+
+
+def unlink(link: tuple | None) -> list[int]:
+    """The tokens of a chain of (token, previous link) pairs, first to last."""
+    out = []
+    while link is not None:
+        out.append(link[0])
+        link = link[1]
+    return out[::-1]
 
 
 def expand(state: BeamState, logits: Tensor, log_norm: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -159,63 +177,68 @@ def expand(state: BeamState, logits: Tensor, log_norm: Tensor) -> tuple[Tensor, 
     return top_scores, top_idx // C, cand_tokens.view(n, K * C).gather(1, top_idx)
 
 
-def finalize(state: BeamState, step: int, scores: Tensor, beams: Tensor, tokens: Tensor) -> None:
-    """Move candidates that end in </s> (among the top K of their sentence) to the finished hypotheses."""
-    K, cfg = state.K, state.cfg
-    is_eos = (tokens[:, :K] == EOS) & torch.isfinite(scores[:, :K])
-    if not is_eos.any():
-        return
-    length = step + 1  # tokens after <s>, </s> included
-    lp = length_penalty(length, cfg.length_penalty, cfg.length_penalty_type)
-    for i, j in is_eos.nonzero().tolist():
-        row = i * K + int(beams[i, j])  # the parent beam's row in the (n*K) batch
-        raw, sent = float(scores[i, j]), int(state.sentence[i])
-        hyps, hyp = state.finished[sent], Hypothesis(state.tokens[row, 1:].tolist(), raw / lp, raw)
-        if len(hyps) < K:
-            hyps.append(hyp)
-        else:  # K kept already (a search without length penalty goes on while it can improve): keep the K best
-            worst = min(range(K), key=lambda h: hyps[h].score)
-            if hyp.score <= hyps[worst].score:
-                continue
-            hyps[worst] = hyp
-        state.n_finished[sent] = len(hyps)
-        if len(hyps) >= cfg.nbest:
-            state.nbest_score[sent] = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
-
-
-def is_done(state: BeamState, step: int) -> Tensor:
-    """(n,) whether each live sentence is finished: the length limit is reached, or no live beam can still beat
-    the nbest-th finished one (raw scores only fall as tokens are added, and the length penalty divides them by at
-    most its value at the length limit), or, with a length penalty, K hypotheses ended (fairseq's rule: that bound
-    is loose there, and waiting for it would decode most sentences to the limit). Without a penalty the bound is
-    exact and the search never stops while a live beam could still win (CTranslate2 stops likewise)."""
-    cfg = state.cfg
-    n_finished, kth = state.n_finished[state.sentence], state.nbest_score[state.sentence]
-    bound = state.scores.max(dim=1).values  # (n,) best live raw score
-    if cfg.length_penalty > 0:
-        bound = bound / length_penalty(state.max_len, cfg.length_penalty, cfg.length_penalty_type)
-    k_ended = (n_finished >= state.K) if cfg.length_penalty > 0 else torch.zeros_like(n_finished, dtype=torch.bool)
-    return k_ended | (state.max_len <= step + 1) | ((n_finished >= cfg.nbest) & (bound <= kth))
-
-
-def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> None:
-    """Keep the K best candidates not ending in </s> as the new beams; reorder tokens and cache to match."""
+def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> tuple[Tensor, Tensor]:
+    """Keep the K best candidates not ending in </s> as the new beams; reorder tokens and cache to match. Returns
+    the kept candidates' parent beams and tokens (n, K)."""
     n, K = state.scores.shape
     live_scores = scores.masked_fill(tokens == EOS, -math.inf)
     keep_scores, keep = live_scores.topk(K, dim=1)  # (n, K) positions among the 2K candidates
-    beam = beams.gather(1, keep)
+    beam, token = beams.gather(1, keep), tokens.gather(1, keep)
     rows = (torch.arange(n, device=beam.device)[:, None] * K + beam).view(-1)  # (n*K,) parent rows
-    state.tokens = torch.cat([state.tokens[rows], tokens.gather(1, keep).view(-1, 1)], dim=1)
+    state.tokens = torch.cat([state.tokens[rows], token.view(-1, 1)], dim=1)
     state.scores = keep_scores
     if state.cache is not None:  # parents are beams of the same sentence: its encoder rows stay as they are
         state.cache.reorder(rows)
+    return beam, token
 
 
-def drop_done(state: BeamState, done: Tensor) -> None:
+def finalize(state: BeamState, step: int, scores: list, beams: list, tokens: list) -> None:
+    """Move candidates that end in </s> among the top K of their sentence (host lists (n, K)) to the finished
+    hypotheses; their tokens are their parent beam's."""
+    K, cfg = state.K, state.cfg
+    lp = length_penalty(step + 1, cfg.length_penalty, cfg.length_penalty_type)  # step + 1 tokens, </s> included
+    for i, sent in enumerate(state.sentence):
+        for raw, beam, token in zip(scores[i], beams[i], tokens[i]):
+            if token != EOS or not math.isfinite(raw):
+                continue
+            hyps, hyp = state.finished[sent], Hypothesis(unlink(state.links[i * K + int(beam)]), raw / lp, raw)
+            if len(hyps) < K:
+                hyps.append(hyp)
+            else:  # K kept already (a search without length penalty goes on while it can improve): keep the K best
+                worst = min(range(K), key=lambda h: hyps[h].score)
+                if hyp.score <= hyps[worst].score:
+                    continue
+                hyps[worst] = hyp
+            if len(hyps) >= cfg.nbest:
+                state.nbest_score[sent] = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
+
+
+def is_done(state: BeamState, step: int, best_live: list[float]) -> list[bool]:
+    """Whether each live sentence is finished (`best_live`: its best live beam's raw score): the length limit is
+    reached, or no live beam can still beat the nbest-th finished one (raw scores only fall as tokens are added, and
+    the length penalty divides them by at most its value at the length limit), or, with a length penalty, K
+    hypotheses ended (fairseq's rule: that bound is loose there, and waiting for it would decode most sentences to
+    the limit). Without a penalty the bound is exact and the search never stops while a live beam could still win
+    (CTranslate2 stops likewise)."""
+    cfg, done = state.cfg, []
+    for sent, limit, bound in zip(state.sentence, state.limits, best_live):
+        n_finished = len(state.finished[sent])
+        if cfg.length_penalty > 0:
+            bound = bound / length_penalty(limit, cfg.length_penalty, cfg.length_penalty_type)
+        k_ended = cfg.length_penalty > 0 and n_finished >= state.K
+        done.append(k_ended or limit <= step + 1 or (n_finished >= cfg.nbest and bound <= state.nbest_score[sent]))
+    return done
+
+
+def drop_done(state: BeamState, done: list[bool]) -> None:
     """Remove finished sentences from the live batch (their K rows in every tensor and in the cache)."""
-    keep = (~done).nonzero().squeeze(1)  # (n',)
-    rows = (keep[:, None] * state.K + torch.arange(state.K, device=keep.device)).view(-1)
-    state.sentence, state.scores, state.max_len = state.sentence[keep], state.scores[keep], state.max_len[keep]
+    K, kept = state.K, [i for i, d in enumerate(done) if not d]
+    kept_rows = [i * K + k for i in kept for k in range(K)]
+    state.sentence, state.limits = [state.sentence[i] for i in kept], [state.limits[i] for i in kept]
+    state.links = [state.links[r] for r in kept_rows]
+    keep = torch.tensor(kept).to(state.scores.device, non_blocking=True)  # (n',) host to device, no wait
+    rows = torch.tensor(kept_rows).to(state.scores.device, non_blocking=True)
+    state.scores, state.max_len = state.scores[keep], state.max_len[keep]
     state.tokens, state.memory, state.src_pad_mask = state.tokens[rows], state.memory[keep], state.src_pad_mask[keep]
     if state.cache is not None:
         state.cache.reorder(rows, keep)
@@ -224,17 +247,25 @@ def drop_done(state: BeamState, done: Tensor) -> None:
 @torch.no_grad()
 def beam_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
     """Batched beam search; returns, per sentence, its `cfg.nbest` best hypotheses by length-penalised score."""
-    state = BeamState(model, src, src_pad_mask, cfg)
-    for step in range(int(state.max_len.max())):
+    state, K = BeamState(model, src, src_pad_mask, cfg), cfg.beam_size
+    for step in range(max(state.limits)):
         logits, log_norm = _next_logits(model, state.tokens, state.memory, state.src_pad_mask, state.cache)
-        logits = _forbid(logits, step, state.max_len.repeat_interleave(state.K), cfg)
+        limit_reached = min(state.limits) <= step + 1
+        logits = _forbid(logits, step, state.max_len.repeat_interleave(K), cfg, limit_reached)
         scores, beams, tokens = expand(state, logits, log_norm)
-        finalize(state, step, scores, beams, tokens)
-        prune(state, scores, beams, tokens)
-        done = is_done(state, step)
-        if done.all():
+        kept_beams, kept_tokens = prune(state, scores, beams, tokens)
+        # The step's one read: the top K candidates (for those ending in </s>), the kept beams, their scores.
+        best_live = state.scores[:, :1].expand(-1, K)
+        parts = (scores[:, :K], beams[:, :K], tokens[:, :K], kept_beams, kept_tokens, best_live)
+        read = torch.stack([t.double() for t in parts]).tolist()  # ids are exact in float64
+        cand_scores, cand_beams, cand_tokens, kept_beams, kept_tokens, best_live = read
+        finalize(state, step, cand_scores, cand_beams, cand_tokens)
+        state.links = [(int(t), state.links[i * K + int(b)])
+                       for i, (bs, ts) in enumerate(zip(kept_beams, kept_tokens)) for b, t in zip(bs, ts)]  # fmt: skip
+        done = is_done(state, step, [row[0] for row in best_live])
+        if all(done):
             break
-        if done.any():
+        if any(done):
             drop_done(state, done)
     return [sorted(h, key=lambda h: -h.score)[: cfg.nbest] for h in state.finished]
 

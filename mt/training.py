@@ -10,6 +10,7 @@ batches (mt/corpus.py), checkpoints (mt/checkpoint.py), metrics (mt/metrics.py),
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -53,37 +54,36 @@ class TrainingLoss(torch.nn.Module):
 def build_optimizer(model: Transformer, tc: TrainConfig, device: torch.device) -> torch.optim.Optimizer:
     """Adam(W) with base lr 1, so that the schedule's value is the learning rate itself (5.3)."""
     cls = torch.optim.AdamW if tc.optimizer == "adamw" else torch.optim.Adam
-    # One kernel for all parameters on CUDA (fused), one per group of tensors on the CPU (foreach).
-    kernel = dict(fused=True) if device.type == "cuda" else dict(foreach=True)
-    betas = tuple(tc.betas)
+    betas, kernel = tuple(tc.betas), runtime.optimizer_kernel(device)
     return cls(model.parameters(), lr=1.0, betas=betas, eps=tc.adam_eps, weight_decay=tc.weight_decay, **kernel)
 
 
 def wrap_for_training(model: Transformer, tc: TrainConfig, world: int, device: torch.device) -> torch.nn.Module:
-    """The module whose forward is the training loss: compiled with `train.compile`, wrapped in DDP under torchrun."""
+    """The module whose forward is the training loss: wrapped in DDP under torchrun, then compiled with
+    `train.compile`. Compiling the DDP module (not DDP over a compiled one) lets dynamo split the graph at DDP's
+    gradient buckets, so their all_reduce overlaps the backward; dynamic shapes, since batches differ in rows and
+    length: one graph serves them all instead of a recompile per new shape."""
     wrapped = TrainingLoss(model, tc.label_smoothing)
-    if tc.compile:
-        wrapped = torch.compile(wrapped)
     if world > 1:
-        ids = [device.index] if device.type == "cuda" else None
+        ids = [device.index] if device.type == "cuda" else None  # a device API argument, not a code path
         # No buffers change during training (positions are fixed), and gradients can live in DDP's buckets.
         wrapped = torch.nn.parallel.DistributedDataParallel(
             wrapped, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
         )
+    if tc.compile:
+        wrapped = torch.compile(wrapped, dynamic=True)
     return wrapped
 
 
-def step_optimizer(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, update: int) -> bool:
-    """Step through the GradScaler; False when fp16 gradients overflowed and it skipped the step (which then is no
-    update: the schedule and the counters stay)."""
-    scale = scaler.get_scale() if scaler.is_enabled() else None
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    if scale is not None and scaler.get_scale() < scale:
-        log.warning("update %d: fp16 gradients overflowed; step skipped, loss scale now %g", update, scaler.get_scale())
-        return False
-    return True
+@dataclasses.dataclass
+class StepCheck:
+    """What every rank must agree on at an update, read from the device at once: the update's one host read and,
+    under DDP, its one all_reduce (of their largest values)."""
+
+    loss_finite: bool
+    grads_finite: bool  # False: fp16 gradients overflowed (the GradScaler's check), the step is skipped
+    stop_code: int  # the strongest stop any rank asks for (mt.distributed.stop_code)
+    seconds: float  # the budget's clock: the latest of the ranks'
 
 
 class Trainer:
@@ -95,8 +95,12 @@ class Trainer:
         self.device = runtime.training_device(self.tc.device, cfg.decode.quantize)
         self.amp = runtime.pick_autocast(self.tc.precision, self.device)
         runtime.use_tf32(self.device)
+        if self.tc.deterministic:
+            runtime.use_deterministic_algorithms()
         torch.manual_seed(self.tc.seed)
         self.model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt)).to(self.device)
+        if self.rank:  # every rank starts from the same weights, but draws its own dropout masks
+            torch.manual_seed(self.tc.seed + 1_000_003 * self.rank)
         self.optimizer = build_optimizer(self.model, self.tc, self.device)
         self.ema = WeightEMA(self.model, self.tc.ema_decay) if self.tc.ema_decay else None
         self.update, self.epochs_done = 0, 0
@@ -106,24 +110,26 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: schedule(s + 1, budget_used=self.budget_used)
         )
-        self.scaler = torch.amp.GradScaler(enabled=self.amp == torch.float16)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp == torch.float16)
         self.train_model = wrap_for_training(self.model, self.tc, self.world, self.device)
         self.sampler, self.loader, self.segments = training_batches(
-            corpus, cfg, self.world, self.rank, cuda=self.device.type == "cuda"
+            corpus, cfg, self.world, self.rank, cuda=runtime.on_cuda(self.device)
         )
         self.best, self.bad_validations, self.nan_in_a_row = -math.inf, 0, 0
         self.stop_reason: str | None = None
+        self.check = StepCheck(True, True, 0, 0.0)  # of the last update
+        self.saved_at: tuple | None = None  # (update, epoch, position, seconds) of the last checkpoint_last.pt
         self.metrics = MetricsLog(run_dir, enabled=self.rank == 0, tensorboard=self.tc.tensorboard)
         if self.rank == 0:
             checkpoint.remove_orphans(run_dir)
 
     def backward(self, batches: list[Batch]) -> dict:
         """Forward/backward over `batches`, accumulating gradients normalised by their total target tokens. The
-        loss sums stay on the device (read every `log_every` updates); "finite" is read now, agreed by all ranks."""
+        loss sums stay on the device (read every `log_every` updates)."""
         self.model.train()
         tokens = sum(b.n_tgt_tokens for b in batches)
         if self.world > 1:  # DDP averages gradients over ranks: world / all tokens makes that a sum over tokens
-            n_tokens = torch.tensor(float(tokens), device=self.device)
+            n_tokens = torch.tensor(float(tokens)).to(self.device, non_blocking=True)  # no wait for the GPU
             dist.all_reduce(n_tokens)
             norm = self.world / n_tokens
         else:
@@ -137,33 +143,56 @@ class Trainer:
                     loss, nll = self.train_model(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)
                 self.scaler.scale(loss * norm).backward()
             loss_sum, nll_sum = loss_sum + loss.detach().float(), nll_sum + nll.float()
-        finite = torch.isfinite(loss_sum).float()
-        if self.world > 1:  # one rank's NaN skips the update on every rank, or their counters would diverge
-            dist.all_reduce(finite, op=dist.ReduceOp.MIN)
-        return {"loss": loss_sum, "nll": nll_sum, "tokens": tokens, "finite": bool(finite.item())}
+        return {"loss": loss_sum, "nll": nll_sum, "tokens": tokens}
+
+    def agree(self, loss_sum: torch.Tensor) -> StepCheck:
+        """The update's StepCheck: whether the loss and the (unscaled) gradients are finite on every rank (one
+        rank's NaN skips the update on every rank, or their counters would diverge), any rank's stop request, and
+        the budget's clock, packed into one tensor: one all_reduce, one read."""
+        overflow = torch.zeros(1, dtype=torch.float64, device=loss_sum.device)
+        if self.scaler.is_enabled():  # unscale_ has recorded, on the device, whether the gradients overflowed
+            overflow += sum(f.double() for f in self.scaler._found_inf_per_device(self.optimizer).values())
+        host = torch.tensor([distributed.stop_code(self.stop_reason), self.budget.seconds()], dtype=torch.float64)
+        packed = torch.cat([(~torch.isfinite(loss_sum)).double().view(1), overflow.clamp(max=1),
+                            host.to(loss_sum.device, non_blocking=True)])  # fmt: skip
+        nonfinite, overflowed, code, seconds = distributed.max_over_ranks(packed).tolist()
+        return StepCheck(not nonfinite, not overflowed, int(code), seconds)
 
     def train_step(self, batches: list[Batch]) -> dict:
-        """One update: accumulate gradients over `batches`, clip, step the optimizer and the LR schedule."""
+        """One update: accumulate gradients over `batches`, clip, step the optimizer and the LR schedule; then
+        whether to stop, as all ranks agree (`self.stop_reason`). A non-finite loss or an fp16 overflow skips the
+        step, which then is no update: the schedule and the counters stay."""
         stats = self.backward(batches)
-        if not stats["finite"]:
+        self.scaler.unscale_(self.optimizer)  # fp16: gradients at their true scale, their overflow checked
+        self.check = check = self.agree(stats["loss"])
+        stats["finite"] = check.loss_finite
+        if not check.loss_finite:
             self._skip_update(float(stats["loss"]) / stats["tokens"])
-            return stats
-        self.nan_in_a_row = 0
-        self.scaler.unscale_(self.optimizer)
-        if self.tc.clip_norm > 0:
-            stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
-        if not step_optimizer(self.optimizer, self.scaler, self.update + 1):
+        elif not check.grads_finite:  # the GradScaler's overflow: no step, a lower scale
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
             stats["skipped"] = True
-            return stats
-        self.update += 1
-        if self.ema is not None:
-            self.ema.update(self.model)
-        if self.tc.schedule == "linear" or self.tc.cooldown:  # only these read it (under DDP it costs an all_reduce)
-            self.budget_used = distributed.all_max(self.budget.used(self.update), self.device)
-        self.scheduler.step()
+            log.warning("update %d: fp16 gradients overflowed; step skipped, loss scale now %g", self.update + 1,
+                        self.scaler.get_scale())  # fmt: skip
+        else:
+            self.nan_in_a_row = 0
+            if self.tc.clip_norm > 0:
+                stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tc.clip_norm)
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.update += 1
+            if self.ema is not None:
+                self.ema.update(self.model)
+            self.budget_used = self.budget.used(self.update, check.seconds)  # the same on every rank
+            self.scheduler.step()
+        reason = distributed.agreed_reason(self.stop_reason, check.stop_code)
+        self.stop_reason = reason or self.budget.reached(self.update, check.seconds)
         return stats
 
     def _skip_update(self, loss: float) -> None:
+        if self.scaler.is_enabled():  # unscale_ ran: the scaler expects an update before the next one
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.nan_in_a_row += 1
         log.warning("update %d: loss is %s; update skipped (%d in a row)", self.update + 1, loss, self.nan_in_a_row)
@@ -218,7 +247,19 @@ class Trainer:
         return checkpoint.trainer_state(self, full)
 
     def save(self, name: str, full: bool = True) -> Path:
-        return checkpoint.save_trainer(self, name, full)
+        path = checkpoint.save_trainer(self, name, full)
+        if name == "checkpoint_last.pt":
+            self.saved_at = (*self._place(), self.check.seconds)
+        return path
+
+    def _place(self) -> tuple[int, int, int]:
+        return self.update, self.sampler.epoch, self.sampler.position
+
+    def _save_due(self) -> bool:
+        """Whether `train.save_every` minutes have passed since checkpoint_last.pt was written (by the clock all
+        ranks agreed on at the last update, so that they save together)."""
+        since = self.check.seconds - (self.saved_at[-1] if self.saved_at else self.budget.elapsed)
+        return since >= self.tc.save_every * 60
 
     def resume(self) -> bool:
         """Continue from `train.resume` (a path) or, with `auto`, the run dir's last checkpoint if there is one."""
@@ -260,9 +301,9 @@ class Trainer:
                 self._end_epoch(epoch)
         self.budget.bank()
         reason = self.stop_reason or "max_epochs"
-        if self.sampler.position:  # stopped inside an epoch: keep the place so that the run can resume
-            if distributed.stop_code(reason) == distributed.BUDGET and not self.tc.valid_every:
-                self._validate_and_keep_best()  # the partial epoch's training may still give the best model
+        if self.sampler.position and distributed.stop_code(reason) == distributed.BUDGET and not self.tc.valid_every:
+            self._validate_and_keep_best()  # the partial epoch's training may still give the best model
+        if self.saved_at is None or self.saved_at[:3] != self._place():  # every stop keeps its place to resume
             self.save("checkpoint_last.pt")
         return reason
 
@@ -273,9 +314,14 @@ class Trainer:
         bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}", disable=self.rank != 0 or not tc.progress,
                    dynamic_ncols=True, leave=False)  # fmt: skip
         while batches := list(islice(it, tc.accumulate)):
+            before = self.update
             stats = self.train_step(batches)
             sums.add(stats["loss"], stats["nll"], stats["tokens"])
             bar.update(1)
+            if self.update == before:  # a skipped update: nothing new to log, validate or save
+                if self.stop_reason:
+                    break
+                continue
             if self.update % tc.log_every == 0:
                 record = {"kind": "train", "update": self.update, "epoch": epoch, **sums.read()}
                 record.update(lr=self.scheduler.get_last_lr()[0], elapsed=self.budget.seconds())
@@ -285,8 +331,12 @@ class Trainer:
                 self.metrics.write(record)
             if tc.valid_every and self.update % tc.valid_every == 0:
                 self._validate_and_keep_best()
-            if self._should_stop():
+                if self._should_stop():  # patience, decided on rank 0, stops every rank now
+                    break
+            if self.stop_reason:  # agreed by the ranks in train_step
                 break
+            if tc.save_every and self._save_due():
+                self.save("checkpoint_last.pt")
         bar.close()
 
     def _end_epoch(self, epoch: int) -> None:
@@ -294,10 +344,13 @@ class Trainer:
         if not self.tc.valid_every:
             self._validate_and_keep_best()
         self.budget.bank()
-        self.save(f"checkpoint{self.epochs_done}.pt", full=False)
-        self.save("checkpoint_last.pt")
+        kept = max(self.tc.keep_last, self.tc.average_last)
+        if kept:  # weights only, for averaging and for going back to an epoch
+            self.save(f"checkpoint{self.epochs_done}.pt", full=False)
+        if not self.tc.save_every or self._save_due():
+            self.save("checkpoint_last.pt")
         if self.rank == 0:
-            checkpoint.prune(self.run_dir, max(self.tc.keep_last, self.tc.average_last))
+            checkpoint.prune(self.run_dir, kept)
 
 
 def restore_signal_handlers() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import logging
 import random
+import threading
 from pathlib import Path
 
 import datasets
@@ -124,3 +125,55 @@ def train_tiny(vocabs, pairs, **model) -> Transformer:
         (loss / b.n_tgt_tokens).backward()
         opt.step()
     return m.eval()
+
+
+@pytest.fixture
+def cuda_branches(monkeypatch):
+    """The CUDA code paths, run on the CPU: every `mt.runtime.on_cuda` branch is taken (fused Adam, the GradScaler
+    under fp16, padding masked inside the loss instead of dropped, 8,192-row loss chunks, batches prefetched by a
+    thread into "pinned" memory, torch's own dropout and topk) with pinning stubbed. Yields the list of batches
+    pinned. What this cannot reach: NCCL, the CUDA kernels (SDPA, fused Adam's CUDA kernel) and real device
+    synchronisation (docs/gpu.md)."""
+    from mt import runtime
+    from mt.batching import Batch
+
+    pinned: list[Batch] = []
+
+    def pin(batch: Batch) -> Batch:
+        pinned.append(batch)
+        return batch
+
+    monkeypatch.setattr(runtime, "on_cuda", lambda device: True)
+    monkeypatch.setattr(Batch, "pin_memory", pin)
+    precision = torch.get_float32_matmul_precision()  # use_tf32's setting, CUDA's only
+    yield pinned
+    torch.set_float32_matmul_precision(precision)
+
+
+class HostReads:
+    """Counts the calls that make the host wait for a device's result: Tensor.item / tolist / bool / int / float,
+    made by the thread that entered the counter (a prefetch thread's reads are of host tensors it collates). On
+    the CPU they cost nothing, but on CUDA each one waits for every kernel queued before it."""
+
+    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self, monkeypatch):
+        self.count, self.on = 0, False
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name, self._counted(original))
+
+    def _counted(self, original):
+        def read(tensor, *args, **kwargs):
+            if self.on and threading.get_ident() == self.thread:
+                self.count += 1
+            return original(tensor, *args, **kwargs)
+
+        return read
+
+    def __enter__(self):
+        self.count, self.on, self.thread = 0, True, threading.get_ident()
+        return self
+
+    def __exit__(self, *exc):
+        self.on = False
