@@ -43,6 +43,7 @@ def main(dcfg: DictConfig) -> None:
             datasets.disable_progress_bars()
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         rank = distributed.init_distributed(cfg.train.device, cfg.train.wait_timeout)
+        distributed.check_shared_run_dir(run_dir)
         if rank != 0:
             logging.getLogger().setLevel(logging.WARNING)
         # Rank 0 trains the tokenizer and fills the cache (or `python -m mt.prepare` did); the others then reuse both.

@@ -52,7 +52,7 @@ def main(dcfg: DictConfig) -> None:
         if len(ckpts) == 1:
             model, vocabs, amp = load_translator(ckpt, d, cfg.precision, device, plot=bool(cfg.plot_attention))
         else:
-            model, vocabs, amp = load_ensemble(ckpts, cfg.precision, device, plot=bool(cfg.plot_attention))
+            model, vocabs, amp = load_ensemble(ckpts, d, cfg.precision, device, plot=bool(cfg.plot_attention))
             log.info("ensemble of %d models", len(ckpts))
         if cfg.references or cfg.plot_attention:  # these need the whole input
             translate_whole(cfg, ckpt, model, vocabs, device, amp)

@@ -48,7 +48,7 @@ def main() -> None:
     cpu = torch.device("cpu")
     try:  # a missing run, models of another vocabulary, an unknown split: one line, as translate.py answers
         ckpts = [checkpoint.load(path) for path in args.checkpoints]
-        ensemble, vocabs, _ = load_ensemble(ckpts, "fp32", cpu)
+        ensemble, vocabs, _ = load_ensemble(ckpts, DecodeConfig(), "fp32", cpu)
         split = data.drop_empty(data.load_split(DataConfig(**ckpts[0]["config"]["data"]), args.split), args.split)
     except USER_ERRORS as e:
         sys.exit(f"error: {e}")

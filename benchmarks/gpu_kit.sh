@@ -17,10 +17,12 @@ shift || true
 if [ "$mode" = prepare ]; then
     set -e
     rm -rf .whl && mkdir -p .whl .gpudata/multi30k
-    # What the GPU image (Python 3.12) lacks: hydra and its parser runtime, datasets and two of its needs.
+    # What the GPU image (Python 3.12) lacks: hydra and its parser runtime, datasets and two of its needs, and
+    # transformers with what it needs beyond the image for the HF Marian peer of benchmarks/train_peers.py.
     python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .whl hydra-core==1.3.2 omegaconf==2.3.0 datasets dill multiprocess
+        -d .whl hydra-core==1.3.2 omegaconf==2.3.0 datasets dill multiprocess \
+        transformers huggingface-hub hf-xet regex safetensors tokenizers
     # omegaconf's parser runtime is published as a source archive only: build its (pure Python) wheel here.
     python -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
     cp ../shared/data/multi30k/{train,val,test_2016_flickr}.{en,de}.gz .gpudata/multi30k/
@@ -47,7 +49,7 @@ while [ $# -gt 0 ]; do
 done
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1 && ! python -c "import hydra, datasets" 2>/dev/null; then
+if ls .whl/*.whl >/dev/null 2>&1 && ! python -c "import hydra, datasets, transformers" 2>/dev/null; then
     python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi

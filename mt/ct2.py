@@ -49,6 +49,7 @@ class CTranslate2Model:
         self.translator = ctranslate2.Translator(
             str(path),
             device="cuda" if device.type == "cuda" else "cpu",
+            device_index=device.index or 0,  # cuda:1 decodes on the second GPU
             intra_threads=threads or torch.get_num_threads(),
         )
         self.vocabs: Vocabs = load_run_vocabs(TokenizerConfig(joint=(path / "tokenizer.json").is_file()), path)

@@ -6,12 +6,16 @@ stop validates the partial epoch, which has collectives; a signal exits to resum
 
 from __future__ import annotations
 
+import logging
 import os
+import secrets
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+log = logging.getLogger(__name__)
 _waiting_group = None  # a gloo group for waiting on rank 0, with its own (long) timeout
 
 
@@ -22,11 +26,43 @@ def init_distributed(device: str, wait_minutes: float = 120.0) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return 0
     on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if on_cuda:
-        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-    dist.init_process_group("nccl" if on_cuda else "gloo")
+    if on_cuda:  # a launcher may show each process only its own GPU: then LOCAL_RANK is not a visible device's index
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+    backend = "nccl" if on_cuda else "gloo"
+    dist.init_process_group(backend)
     init_waiting(wait_minutes)
+    log.info("process group: %s, %s ranks", backend, os.environ["WORLD_SIZE"])
     return dist.get_rank()
+
+
+def check_shared_run_dir(run_dir: Path) -> None:
+    """Stop every rank with the same one-line error unless all of them see the run dir rank 0 writes to. Rank 0
+    alone trains the tokenizer and writes checkpoints; a node whose `run_dir` is a local disk would train BPE and
+    tokenize into the same paths as its other ranks at once, start afresh on resume and leave the ranks' updates and
+    collectives out of step (a hang). Rank 0 writes a random token there; every rank reads it back."""
+    from mt.config import ConfigError
+
+    if world_and_rank()[0] == 1:
+        return
+    token = [secrets.token_hex(16) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0, group=_waiting_group)
+    mark = run_dir / ".rank0_token"
+    if dist.get_rank() == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        mark.write_text(token[0])
+    dist.barrier(group=_waiting_group)
+    try:
+        seen = mark.read_text() == token[0]
+    except OSError:
+        seen = False
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, seen, group=_waiting_group)
+    blind = [rank for rank, ok in enumerate(everyone) if not ok]
+    if blind:
+        raise ConfigError(
+            f"run_dir={run_dir} must be on a filesystem shared by all nodes: rank(s) {', '.join(map(str, blind))} do "
+            "not see the files rank 0 writes there (tokenizer, checkpoints); give every node the same shared directory"
+        )
 
 
 def init_waiting(minutes: float) -> None:

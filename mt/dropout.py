@@ -17,7 +17,8 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or self.p == 0 or runtime.on_cuda(x.device):
+        # CUDA has its own fused kernel, and so has a compiled graph (which this one's in-place draw would break)
+        if not self.training or self.p == 0 or runtime.on_cuda(x.device) or torch.compiler.is_compiling():
             return super().forward(x)
         threshold = round(self.p * 256)
         if threshold in (0, 256):  # p within 1/512 of 0 or 1: eight bits cannot express it, the exact kernel can

@@ -15,11 +15,11 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from mt import data
+from mt import data, runtime
 from mt.batching import BatchLoader, collate
 from mt.config import ConfigError, DecodeConfig
 from mt.corpus import make_sampler
-from mt.quantize import quantize_int8
+from mt.quantize import is_int8, quantize_int8
 from mt.runtime import autocast
 from mt.search import Hypothesis, search
 from mt.tokenizer import Vocabs
@@ -65,8 +65,8 @@ def translate_ids(
     nonempty = [i for i, s in enumerate(src_ids) if s]
     lengths = [len(src_ids[i]) + 1 for i in nonempty]
     model.eval()
-    if cfg.quantize == "int8":
-        if device.type != "cpu":
+    if cfg.quantize == "int8" and not is_int8(model):  # a loaded translator is quantized once, at load
+        if runtime.on_cuda(device):
             raise ConfigError(f"decode.quantize=int8 runs on the CPU only (device: {device}); set decode.quantize=none")
         model = quantize_int8(model)
     for batch_pos in token_batches(lengths, cfg.max_tokens):
@@ -165,7 +165,7 @@ def report_markdown(r: dict) -> str:
         f"`{r['bleu_detail']}`",
         "",
     ]
-    for key in ("sentences", "sentences_per_s", "tokens_per_s", "decode", "checkpoint"):
+    for key in ("sentences", "sentences_per_s", "tokens_per_s", "decode", "precision", "checkpoint"):
         if key in r:
             val = f"{r[key]:.1f}" if isinstance(r[key], float) else r[key]
             lines.append(f"- {key.replace('_', ' ')}: {val}")

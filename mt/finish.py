@@ -62,20 +62,22 @@ def final_candidates(run_dir, average_last: int) -> dict[str, dict]:
 
 
 def evaluate_splits(trainer, splits: list[str], tag: str) -> list[dict]:
-    """Translate each test split with the decode config and write `{split}.hyp` and its report in the run dir."""
+    """Translate each test split with the decode config and write `{split}.hyp` and its report in the run dir.
+    In fp32 whatever the training's autocast, as translate.py decodes by default: the report's BLEU is what
+    `translate.py checkpoint=RUN_DIR` reproduces."""
     cfg, vocabs, reports = trainer.cfg, trainer.corpus.vocabs, []
     for split in splits:
         ds = data.drop_empty(data.load_split(cfg.data, split), f"{cfg.data.name}/{split}")
         start = time.perf_counter()
         model = trainer.kept_model
         src_ids = encode_within_positions(vocabs, list(ds["src"]), model.cfg.max_positions - 1)
-        hyps = translate_ids(model, src_ids, cfg.decode, trainer.device, trainer.amp)
+        hyps = translate_ids(model, src_ids, cfg.decode, trainer.device, None)
         seconds = time.perf_counter() - start
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
         (trainer.run_dir / f"{split}.hyp").write_text("".join(t + "\n" for t in texts))
         n_tokens = sum(len(h[0].tokens) for h in hyps)
         speed = {"sentences_per_s": len(texts) / seconds, "tokens_per_s": n_tokens / seconds}
-        extra = {**speed, "decode": asdict(cfg.decode), "checkpoint": tag}
+        extra = {**speed, "decode": asdict(cfg.decode), "precision": "fp32", "checkpoint": tag}
         report = write_report(trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), extra)
         log.info(
             "%s (%s): BLEU %.2f, lowercased BLEU %.2f, chrF %.2f, %.1f sentences/s",

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import torch
 
-from mt import checkpoint, data
+from mt import checkpoint, data, runtime
 from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.ct2 import CTranslate2Model
 from mt.ensemble import Ensemble
 from mt.evaluation import translate_ids, write_report
 from mt.plots import cross_attention, plot_attention
+from mt.quantize import quantize_int8
 from mt.runtime import pick_autocast, use_tf32
 from mt.search import Hypothesis
 from mt.tokenizer import Vocabs
@@ -193,9 +194,23 @@ def plot_first_line(
     log.info("cross-attention of line %d (%dx%d) plotted to %s", first + 1, *matrix.shape, cfg.plot_attention)
 
 
+def for_decoding(model, decode: DecodeConfig, device: torch.device):
+    """The model to decode with: with `decode.quantize=int8` its int8 copy, made once at load, not per batch. int8
+    runs on the CPU only: on CUDA a warning, and `decode.quantize` is set to none (the settings a run saved say int8,
+    the GPU serves it in its own precision instead of failing every request)."""
+    if decode.quantize != "int8":
+        return model
+    if runtime.on_cuda(device):
+        log.warning("decode.quantize=int8 runs on the CPU only; decoding on %s without it", device)
+        decode.quantize = "none"
+        return model
+    return quantize_int8(model)
+
+
 def load_translator(ckpt: dict, decode: DecodeConfig, precision: str, device: torch.device, plot: bool = False):
-    """(model, vocabs, autocast dtype) for a loaded checkpoint: this project's Transformer on `device`, or for a
-    CTranslate2 export its CTranslate2 translator. `plot`: attention plots are wanted (this project's model only)."""
+    """(model, vocabs, autocast dtype) for a loaded checkpoint: this project's Transformer on `device` (int8 per
+    `for_decoding`, which may set `decode.quantize`), or for a CTranslate2 export its CTranslate2 translator.
+    `plot`: attention plots are wanted (this project's model only)."""
     if ckpt["format"] == CT2_FORMAT:
         if plot:
             raise ConfigError("plot_attention needs this project's model: a CTranslate2 export has no attention")
@@ -210,10 +225,10 @@ def load_translator(ckpt: dict, decode: DecodeConfig, precision: str, device: to
     model, vocabs = checkpoint.build_model(ckpt)
     model.to(device).eval()
     use_tf32(device)
-    return model, vocabs, pick_autocast(precision, device)
+    return for_decoding(model, decode, device), vocabs, pick_autocast(precision, device)
 
 
-def load_ensemble(ckpts: list[dict], precision: str, device: torch.device, plot: bool = False):
+def load_ensemble(ckpts: list[dict], decode: DecodeConfig, precision: str, device: torch.device, plot: bool = False):
     """(ensemble, vocabs, autocast dtype) for several checkpoints of this project's models (mt/ensemble.py); they
     must share the tokenizers, which turn text into ids and back for all of them."""
     if plot:
@@ -235,7 +250,7 @@ def load_ensemble(ckpts: list[dict], precision: str, device: torch.device, plot:
         models.append(model)
     ensemble = Ensemble(models).to(device).eval()
     use_tf32(device)
-    return ensemble, vocabs, pick_autocast(precision, device)
+    return for_decoding(ensemble, decode, device), vocabs, pick_autocast(precision, device)
 
 
 def translate_stream(cfg: TranslateConfig, model, vocabs, device, amp) -> None:
@@ -263,7 +278,7 @@ def translate_whole(cfg: TranslateConfig, ckpt: dict, model, vocabs, device, amp
     log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", len(lines), seconds, *speed.values())
     if refs is not None:
         report_dir = Path(cfg.report_dir or (Path(cfg.output).parent if cfg.output != "-" else "."))
-        extra = {**speed, "decode": asdict(cfg.decode), "checkpoint": ckpt["path"]}
+        extra = {**speed, "decode": asdict(cfg.decode), "precision": cfg.precision, "checkpoint": ckpt["path"]}
         r = write_report(report_dir, "", lines, texts, refs, extra)
         log.info("%s", r["bleu_detail"])
         log.info("BLEU %.2f (lowercased %.2f), chrF %.2f; report in %s", r["bleu"], r["bleu_lowercase"], r["chrf"],

@@ -24,3 +24,10 @@ def quantize_int8(model: Transformer) -> Transformer:
         # torch deprecates the quantized tensor API in favour of torchao; it is still the CPU int8 kernel in 2.13.
         warnings.simplefilter("ignore")
         return quantize_dynamic(copy.deepcopy(model).cpu().eval(), {nn.Linear}, dtype=torch.qint8)
+
+
+def is_int8(model: torch.nn.Module) -> bool:
+    """Whether `model` is already a `quantize_int8` copy."""
+    from torch.ao.nn.quantized.dynamic import Linear
+
+    return any(isinstance(m, Linear) for m in model.modules())

@@ -118,7 +118,8 @@ class Trainer:
         self.best, self.bad_validations, self.nan_in_a_row = -math.inf, 0, 0
         self.stop_reason: str | None = None
         self.check = StepCheck(True, True, 0, 0.0)  # of the last update
-        self.saved_at: tuple | None = None  # (update, epoch, position, seconds) of the last checkpoint_last.pt
+        self.saved_at: tuple | None = None  # (update, epoch, position) of the last checkpoint_last.pt written
+        self.saved_seconds = 0.0  # and the budget's clock then (or at the start of this stretch)
         self.metrics = MetricsLog(run_dir, enabled=self.rank == 0, tensorboard=self.tc.tensorboard)
         if self.rank == 0:
             checkpoint.remove_orphans(run_dir)
@@ -249,7 +250,7 @@ class Trainer:
     def save(self, name: str, full: bool = True) -> Path:
         path = checkpoint.save_trainer(self, name, full)
         if name == "checkpoint_last.pt":
-            self.saved_at = (*self._place(), self.check.seconds)
+            self.saved_at, self.saved_seconds = self._place(), self.check.seconds
         return path
 
     def _place(self) -> tuple[int, int, int]:
@@ -258,8 +259,7 @@ class Trainer:
     def _save_due(self) -> bool:
         """Whether `train.save_every` minutes have passed since checkpoint_last.pt was written (by the clock all
         ranks agreed on at the last update, so that they save together)."""
-        since = self.check.seconds - (self.saved_at[-1] if self.saved_at else self.budget.elapsed)
-        return since >= self.tc.save_every * 60
+        return self.check.seconds - self.saved_seconds >= self.tc.save_every * 60
 
     def resume(self) -> bool:
         """Continue from `train.resume` (a path) or, with `auto`, the run dir's last checkpoint if there is one."""
@@ -283,6 +283,7 @@ class Trainer:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
         self.budget.clock_start = job_start
+        self.check.seconds = self.saved_seconds = self.budget.seconds()
         drawn_for = self.sampler.epoch  # BPE-dropout: the epoch whose segmentation the sampler batches by
         if self.segments is not None:
             self.sampler.set_lengths(*self.segments.resegment())
@@ -303,7 +304,7 @@ class Trainer:
         reason = self.stop_reason or "max_epochs"
         if self.sampler.position and distributed.stop_code(reason) == distributed.BUDGET and not self.tc.valid_every:
             self._validate_and_keep_best()  # the partial epoch's training may still give the best model
-        if self.saved_at is None or self.saved_at[:3] != self._place():  # every stop keeps its place to resume
+        if self.saved_at != self._place():  # every stop keeps its place to resume
             self.save("checkpoint_last.pt")
         return reason
 
@@ -335,7 +336,7 @@ class Trainer:
                     break
             if self.stop_reason:  # agreed by the ranks in train_step
                 break
-            if tc.save_every and self._save_due():
+            if tc.save_every and self.sampler.position < len(self.sampler) and self._save_due():  # (_end_epoch's)
                 self.save("checkpoint_last.pt")
         bar.close()
 

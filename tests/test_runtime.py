@@ -64,11 +64,13 @@ def test_torchrun_backend_follows_the_training_device(monkeypatch, device, cuda_
     from mt import distributed
 
     chosen = []
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")  # the node's fourth process, which a launcher may show only its own GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda_available)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda i: None)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda i: chosen.append(f"GPU {i}"))
     monkeypatch.setattr(distributed.dist, "init_process_group", lambda b: chosen.append(b))
     monkeypatch.setattr(distributed.dist, "new_group", lambda backend, timeout: chosen.append(f"waiting: {backend}"))
     monkeypatch.setattr(distributed.dist, "get_rank", lambda: 0)
-    assert distributed.init_distributed(device) == 0 and chosen == [backend, "waiting: gloo"]
+    gpu = ["GPU 0"] if backend == "nccl" else []  # LOCAL_RANK 3 of one visible GPU: not "invalid device ordinal"
+    assert distributed.init_distributed(device) == 0 and chosen == [*gpu, backend, "waiting: gloo"]

@@ -263,4 +263,4 @@ def test_an_ensemble_of_models_with_other_vocabularies_is_refused_in_one_line(tr
     monkeypatch.setattr(checkpoint, "build_model", lambda ckpt: next(built))
     ckpts = [{"format": 1, "path": "runs/a"}, {"format": 1, "path": "runs/b"}]
     with pytest.raises(ConfigError, match=r"^runs/b: its target vocabulary differs from runs/a's"):
-        load_ensemble(ckpts, "fp32", torch.device("cpu"))
+        load_ensemble(ckpts, DecodeConfig(), "fp32", torch.device("cpu"))

@@ -44,7 +44,7 @@ def test_time_budget_counts_resumed_time(toy_corpus, tmp_path):
     assert trainer.budget.used(trainer.update) == pytest.approx(0.5, abs=0.01)  # of 120 s
 
 
-def make_config(corpus_dir: Path, run_dir: Path, **train) -> Config:
+def make_config(corpus_dir: Path, run_dir: Path, model: dict | None = None, **train) -> Config:
     tc = dict(
         device="cpu",
         precision="fp32",
@@ -65,16 +65,16 @@ def make_config(corpus_dir: Path, run_dir: Path, **train) -> Config:
             name="toy", dir=str(corpus_dir), src_lang="xx", tgt_lang="yy", valid_split="valid", test_splits=["test"]
         ),
         tokenizer=TokenizerConfig(vocab_size=60, min_frequency=1),
-        model=tiny_model_config(dropout=0.1),
+        model=tiny_model_config(**{"dropout": 0.1, **(model or {})}),
         train=TrainConfig(**tc),
         decode=DecodeConfig(beam_size=1, max_tokens=500),
         run_dir=str(run_dir),
     )
 
 
-def make_trainer(corpus_dir, run_dir, **train) -> Trainer:
+def make_trainer(corpus_dir, run_dir, model: dict | None = None, **train) -> Trainer:
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = make_config(corpus_dir, run_dir, **train)
+    cfg = make_config(corpus_dir, run_dir, model, **train)
     return Trainer(cfg, prepare_data(cfg, run_dir, cfg.model.max_positions), run_dir)
 
 
