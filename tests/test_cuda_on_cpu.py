@@ -329,6 +329,8 @@ def test_test_reports_decode_in_fp32_whatever_the_training_autocast(toy_corpus, 
 
 
 def test_int8_is_quantized_once_at_load_and_dropped_on_cuda(trained_model, monkeypatch, caplog, request):
+    """translate.py and the server load through `load_translator`: int8 made once there, not per served batch
+    (before: a deep copy and quantization per batch); on CUDA a warning and no int8 (before: every request failed)."""
     import mt.evaluation
     import mt.inference
     from mt.quantize import quantize_int8
@@ -336,17 +338,17 @@ def test_int8_is_quantized_once_at_load_and_dropped_on_cuda(trained_model, monke
     made = []
     monkeypatch.setattr(mt.inference, "quantize_int8", lambda m: (made.append(1), quantize_int8(m))[1])
     monkeypatch.setattr(mt.evaluation, "quantize_int8", lambda m: (made.append(1), quantize_int8(m))[1])
+    monkeypatch.setattr(mt.inference.checkpoint, "build_model", lambda ckpt: (trained_model, None))
     src = [[5, 6, 7], [8, 9]]
-    decode = DecodeConfig(quantize="int8", beam_size=2)
-    model = mt.inference.for_decoding(trained_model, decode, torch.device("cpu"))
-    for _ in range(3):  # three served batches
-        mt.inference.decode_ids(model, src, decode, torch.device("cpu"), None)
-    assert len(made) == 1
-    request.getfixturevalue("cuda_branches")  # a run whose saved settings say int8, served on a GPU
-    decode = DecodeConfig(quantize="int8", beam_size=2)
-    model = mt.inference.for_decoding(trained_model, decode, torch.device("cpu"))
-    assert model is trained_model and decode.quantize == "none" and "runs on the CPU only" in caplog.text
-    assert mt.inference.decode_ids(model, src, decode, torch.device("cpu"), None)  # no error per request
+    for device_is_cuda in (False, True):
+        if device_is_cuda:
+            request.getfixturevalue("cuda_branches")  # a run whose saved settings say int8, served on a GPU
+        decode = DecodeConfig(quantize="int8", beam_size=2)
+        model, _, _ = mt.inference.load_translator({"format": 1}, decode, "fp32", torch.device("cpu"))
+        for _ in range(3):  # three served batches
+            assert mt.inference.decode_ids(model, src, decode, torch.device("cpu"), None)
+    assert len(made) == 1 and model is trained_model and decode.quantize == "none"
+    assert "decode.quantize=int8 runs on the CPU only; decoding on cpu without it" in caplog.text
 
 
 # ------------------------------------------------------------------ torch.compile under DDP
