@@ -149,6 +149,14 @@ class DecodeConfig:
     max_tokens: int = 8000  # source tokens per decoding batch
     use_cache: bool = True
     quantize: str = "none"  # none | int8: int8 weights in every linear layer for CPU decoding (mt.model.quantize_int8)
+    # Sampling instead of search (beam_size 1): each token drawn from the model's distribution at `temperature`,
+    # restricted to the `topk` most probable (0 = all) and to the smallest set of mass >= `topp` (1.0 = all);
+    # `nbest` samples per line. Reproducible: line i's draws come from (seed, i) alone, whatever the batching.
+    sampling: bool = False
+    topk: int = 0
+    topp: float = 1.0
+    temperature: float = 1.0
+    seed: int = 0
 
 
 @dataclass
@@ -335,8 +343,24 @@ def validate_decode(cfg: DecodeConfig) -> None:
             raise ConfigError(f"{key}={value} is below its minimum {low}; fix the override or config file")
     if cfg.max_len_a == 0 and cfg.max_len_b < 1:
         raise ConfigError("decode.max_len_a=0 and decode.max_len_b=0 allow no output token; raise max_len_b")
-    if cfg.beam_size < 1 or not 1 <= cfg.nbest <= cfg.beam_size:
+    if cfg.sampling:
+        validate_sampling(cfg)
+    elif cfg.beam_size < 1 or not 1 <= cfg.nbest <= cfg.beam_size:
         raise ConfigError(
             f"decode.beam_size={cfg.beam_size}, decode.nbest={cfg.nbest}: "
             "need beam_size >= 1 and 1 <= nbest <= beam_size"
         )
+
+
+def validate_sampling(cfg: DecodeConfig) -> None:
+    if cfg.beam_size != 1:
+        raise ConfigError(f"decode.sampling=true draws each token: it needs decode.beam_size=1, not {cfg.beam_size} "
+                          "(decode.nbest=N gives N samples per line)")  # fmt: skip
+    if cfg.nbest < 1:
+        raise ConfigError(f"decode.nbest={cfg.nbest}: the samples per line must be at least 1")
+    if cfg.topk < 0:
+        raise ConfigError(f"decode.topk={cfg.topk}: give the number of most probable tokens to draw from, 0 = all")
+    if not 0.0 < cfg.topp <= 1.0:
+        raise ConfigError(f"decode.topp={cfg.topp} is outside (0, 1]: the probability mass to draw from, 1.0 = all")
+    if not cfg.temperature > 0.0:
+        raise ConfigError(f"decode.temperature={cfg.temperature} must be above 0 (1.0 = the model's distribution)")

@@ -6,6 +6,7 @@ here is the standard sacreBLEU number (13a tokenization inside sacreBLEU), with 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -16,12 +17,12 @@ import sacrebleu
 import torch
 
 from mt import data, runtime
-from mt.batching import BatchLoader, collate
+from mt.batching import BatchLoader, collate, pad
 from mt.config import ConfigError, DecodeConfig
 from mt.corpus import make_sampler
 from mt.quantize import is_int8, quantize_int8
 from mt.runtime import autocast
-from mt.search import Hypothesis, search
+from mt.search import Hypothesis, max_lengths, search
 from mt.tokenizer import Vocabs
 
 
@@ -56,11 +57,32 @@ def token_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return batches
 
 
+def sampling_uniforms(lines: list[int], limits: list[int], seed: int, n: int) -> torch.Tensor:
+    """(len(lines) * n, max(limits)) uniforms in [0, 1): row i * n + j holds the draws of sample j of input line
+    `lines[i]`, `limits[i]` of them (its length limit), from a generator seeded by (seed, line, j) alone, so that a
+    line's samples do not depend on the batch, the order or the other lines it is decoded with."""
+    out = torch.zeros(len(lines) * n, max(limits), dtype=torch.float64)
+    for i, (line, limit) in enumerate(zip(lines, limits)):
+        for j in range(n):
+            key = hashlib.blake2b(f"{seed}:{line}:{j}".encode(), digest_size=8).digest()
+            g = torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+            out[i * n + j, :limit] = torch.rand(limit, generator=g, dtype=torch.float64)
+    return out
+
+
 def translate_ids(
-    model, src_ids: list[list[int]], cfg: DecodeConfig, device: torch.device, autocast_dtype: torch.dtype | None
+    model,
+    src_ids: list[list[int]],
+    cfg: DecodeConfig,
+    device: torch.device,
+    autocast_dtype: torch.dtype | None,
+    prefixes: list[list[int]] | None = None,
+    first_line: int = 0,
 ) -> list[list[Hypothesis]]:
     """Decode token-id sources (no specials) and return hypotheses in input order. An empty source gives
-    `nbest` empty hypotheses (an empty line in, an empty line out)."""
+    `nbest` empty hypotheses (an empty line in, an empty line out). `prefixes`: target ids each line's
+    hypotheses start with (empty = none). `first_line`: the input line number of `src_ids[0]`, which with
+    `cfg.seed` decides a line's samples."""
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]
     nonempty = [i for i, s in enumerate(src_ids) if s]
     lengths = [len(src_ids[i]) + 1 for i in nonempty]
@@ -71,9 +93,17 @@ def translate_ids(
         model = quantize_int8(model)
     for batch_pos in token_batches(lengths, cfg.max_tokens):
         idx = [nonempty[p] for p in batch_pos]
-        batch = collate([src_ids[i] for i in idx], None, idx).to(device)
+        batch = collate([src_ids[i] for i in idx], None, idx)
+        prefix = pad([prefixes[i] for i in idx]) if prefixes and any(prefixes[i] for i in idx) else None
+        uniforms = None
+        if cfg.sampling:
+            limits = max_lengths(batch.src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
+            uniforms = sampling_uniforms([first_line + i for i in idx], limits.tolist(), cfg.seed, cfg.nbest)
+            uniforms = uniforms.to(device)
+        batch = batch.to(device)
+        prefix = prefix.to(device) if prefix is not None else None
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-            hyps = search(model, batch.src, batch.src_pad_mask, cfg)
+            hyps = search(model, batch.src, batch.src_pad_mask, cfg, prefix, uniforms)
         for i, h in zip(idx, hyps):
             out[i] = h
     return out

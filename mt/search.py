@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -101,9 +102,67 @@ def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig, limit_r
     return logp
 
 
+def _constrain(
+    logits: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig, limit_reached: bool, prefix: Tensor | None
+) -> Tensor:
+    """`_forbid`, then the target prefix: a row whose prefix (N, P), padded with <pad>, has a token at `step` may
+    only take that token, at the model's own score for it (even where `_forbid` would ban it, e.g. <unk>)."""
+    forcing = prefix is not None and step < prefix.size(1)
+    if forcing:
+        token = prefix[:, step : step + 1]  # (N, 1)
+        score = logits.gather(1, token)
+    logits = _forbid(logits, step, max_len, cfg, limit_reached)
+    if forcing:
+        forced = torch.full_like(logits, -math.inf).scatter_(1, token, score)
+        logits = torch.where(token != PAD, forced, logits)
+    return logits
+
+
+def sample_tokens(logits: Tensor, uniform: Tensor, cfg: DecodeConfig) -> Tensor:
+    """(N,) tokens drawn from softmax(logits / temperature), restricted to the `topk` most probable and then to the
+    smallest set whose mass is at least `topp` (both renormalised), by inverting the distribution's CDF at each
+    row's own `uniform` (N,) in [0, 1): a row's token depends on its logits and its uniform alone."""
+    logits = logits / cfg.temperature
+    if cfg.topk or cfg.topp < 1.0:  # candidates in descending order (ties by token id), so that topp can cut
+        k = min(cfg.topk or logits.size(-1), logits.size(-1))
+        logits, candidates = logits.topk(k, dim=-1) if cfg.topk else logits.sort(dim=-1, descending=True, stable=True)
+    else:
+        candidates = None
+    probs = logits.softmax(dim=-1)
+    if cfg.topp < 1.0:
+        before = probs.cumsum(dim=-1) - probs  # mass of the more probable candidates
+        probs = probs.masked_fill(before >= cfg.topp, 0.0)  # keep the smallest set reaching topp
+    cdf = probs.cumsum(dim=-1)
+    pick = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True).clamp(max=probs.size(-1) - 1)
+    return pick.squeeze(1) if candidates is None else candidates.gather(1, pick).squeeze(1)
+
+
 @torch.no_grad()
-def greedy_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
+def greedy_search(
+    model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None
+) -> list[list[Hypothesis]]:
     """Pick the most probable token at each step, for the whole batch, until every sentence has emitted </s>."""
+    choose = lambda logits, step: topk_rows(logits, 1)[1].squeeze(1)  # noqa: E731
+    return _one_token_per_row(model, src, src_pad_mask, cfg, choose, prefix)
+
+
+@torch.no_grad()
+def sample_search(
+    model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig, uniforms: Tensor, prefix: Tensor | None = None
+) -> list[list[Hypothesis]]:
+    """`cfg.nbest` samples per sentence (`sample_tokens`), sample j of sentence i drawn with the uniforms of row
+    i * nbest + j of `uniforms` (B * nbest, steps), one per step; best first by their model score."""
+    N = cfg.nbest
+    src, src_pad_mask = src.repeat_interleave(N, 0), src_pad_mask.repeat_interleave(N, 0)
+    prefix = prefix.repeat_interleave(N, 0) if prefix is not None else None
+    choose = lambda logits, step: sample_tokens(logits, uniforms[:, step], cfg)  # noqa: E731
+    samples = _one_token_per_row(model, src, src_pad_mask, cfg, choose, prefix)
+    return [sorted((s[0] for s in samples[i : i + N]), key=lambda h: -h.score) for i in range(0, len(samples), N)]
+
+
+def _one_token_per_row(model, src, src_pad_mask, cfg: DecodeConfig, choose, prefix) -> list[list[Hypothesis]]:
+    """Greedy search and sampling: `choose(logits, step)` picks each row's next token until every row has emitted
+    </s>; a row's score is the model's log-probability of its tokens."""
     B, device = src.size(0), src.device
     memory = model.encode(src, src_pad_mask)
     max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
@@ -114,8 +173,9 @@ def greedy_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     for step in range(longest):
         logits, log_norm = _next_logits(model, tokens, memory, src_pad_mask, cache)
-        best, next_tok = topk_rows(_forbid(logits, step, max_len, cfg, shortest <= step + 1), 1)
-        best, next_tok = (best - log_norm).squeeze(1), next_tok.squeeze(1)
+        logits = _constrain(logits, step, max_len, cfg, shortest <= step + 1, prefix)
+        next_tok = choose(logits, step)
+        best = logits.gather(1, next_tok[:, None]).squeeze(1) - log_norm.squeeze(1)
         next_tok = next_tok.masked_fill(finished, PAD)
         logprob += best.masked_fill(finished, 0.0)
         tokens = torch.cat([tokens, next_tok[:, None]], dim=1)
@@ -135,9 +195,9 @@ class BeamState:
     the model reads (tokens, cache, encoder output) and the beams' scores; the host holds each beam's tokens as
     links, the finished hypotheses and the length limits."""
 
-    def __init__(self, model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig):
+    def __init__(self, model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None):
         B, K, device = src.size(0), cfg.beam_size, src.device
-        self.K, self.cfg = K, cfg
+        self.K, self.cfg, self.prefix = K, cfg, prefix  # prefix (B, P): target tokens forced first, <pad> after
         # (B, S, D): the K beams of a sentence (rows i*K .. i*K+K-1 of the decoder batch) share its encoder output.
         self.memory, self.src_pad_mask = model.encode(src, src_pad_mask), src_pad_mask
         self.max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
@@ -192,25 +252,23 @@ def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> tu
     return beam, token
 
 
-def finalize(state: BeamState, step: int, scores: list, beams: list, tokens: list) -> None:
-    """Move candidates that end in </s> among the top K of their sentence (host lists (n, K)) to the finished
+def finalize(state: BeamState, step: int, scores: np.ndarray, beams: np.ndarray, tokens: np.ndarray) -> None:
+    """Move candidates that end in </s> among the top K of their sentence (host arrays (n, K)) to the finished
     hypotheses; their tokens are their parent beam's."""
     K, cfg = state.K, state.cfg
     lp = length_penalty(step + 1, cfg.length_penalty, cfg.length_penalty_type)  # step + 1 tokens, </s> included
-    for i, sent in enumerate(state.sentence):
-        for raw, beam, token in zip(scores[i], beams[i], tokens[i]):
-            if token != EOS or not math.isfinite(raw):
+    for i, j in zip(*np.nonzero((tokens == EOS) & np.isfinite(scores))):  # row-major, as the candidates rank
+        raw, sent = float(scores[i, j]), state.sentence[i]
+        hyps, hyp = state.finished[sent], Hypothesis(unlink(state.links[i * K + int(beams[i, j])]), raw / lp, raw)
+        if len(hyps) < K:
+            hyps.append(hyp)
+        else:  # K kept already (a search without length penalty goes on while it can improve): keep the K best
+            worst = min(range(K), key=lambda h: hyps[h].score)
+            if hyp.score <= hyps[worst].score:
                 continue
-            hyps, hyp = state.finished[sent], Hypothesis(unlink(state.links[i * K + int(beam)]), raw / lp, raw)
-            if len(hyps) < K:
-                hyps.append(hyp)
-            else:  # K kept already (a search without length penalty goes on while it can improve): keep the K best
-                worst = min(range(K), key=lambda h: hyps[h].score)
-                if hyp.score <= hyps[worst].score:
-                    continue
-                hyps[worst] = hyp
-            if len(hyps) >= cfg.nbest:
-                state.nbest_score[sent] = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
+            hyps[worst] = hyp
+        if len(hyps) >= cfg.nbest:
+            state.nbest_score[sent] = sorted((h.score for h in hyps), reverse=True)[cfg.nbest - 1]
 
 
 def is_done(state: BeamState, step: int, best_live: list[float]) -> list[bool]:
@@ -239,30 +297,35 @@ def drop_done(state: BeamState, done: list[bool]) -> None:
     keep = torch.tensor(kept).to(state.scores.device, non_blocking=True)  # (n',) host to device, no wait
     rows = torch.tensor(kept_rows).to(state.scores.device, non_blocking=True)
     state.scores, state.max_len = state.scores[keep], state.max_len[keep]
+    state.prefix = state.prefix[keep] if state.prefix is not None else None
     state.tokens, state.memory, state.src_pad_mask = state.tokens[rows], state.memory[keep], state.src_pad_mask[keep]
     if state.cache is not None:
         state.cache.reorder(rows, keep)
 
 
 @torch.no_grad()
-def beam_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    """Batched beam search; returns, per sentence, its `cfg.nbest` best hypotheses by length-penalised score."""
-    state, K = BeamState(model, src, src_pad_mask, cfg), cfg.beam_size
+def beam_search(
+    model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None
+) -> list[list[Hypothesis]]:
+    """Batched beam search; returns, per sentence, its `cfg.nbest` best hypotheses by length-penalised score.
+    `prefix` (B, P): target tokens each sentence's hypotheses start with, padded with <pad>."""
+    state, K = BeamState(model, src, src_pad_mask, cfg, prefix), cfg.beam_size
     for step in range(max(state.limits)):
         logits, log_norm = _next_logits(model, state.tokens, state.memory, state.src_pad_mask, state.cache)
         limit_reached = min(state.limits) <= step + 1
-        logits = _forbid(logits, step, state.max_len.repeat_interleave(K), cfg, limit_reached)
+        forced = state.prefix.repeat_interleave(K, 0) if state.prefix is not None else None
+        logits = _constrain(logits, step, state.max_len.repeat_interleave(K), cfg, limit_reached, forced)
         scores, beams, tokens = expand(state, logits, log_norm)
         kept_beams, kept_tokens = prune(state, scores, beams, tokens)
         # The step's one read: the top K candidates (for those ending in </s>), the kept beams, their scores.
         best_live = state.scores[:, :1].expand(-1, K)
         parts = (scores[:, :K], beams[:, :K], tokens[:, :K], kept_beams, kept_tokens, best_live)
-        read = torch.stack([t.double() for t in parts]).tolist()  # ids are exact in float64
-        cand_scores, cand_beams, cand_tokens, kept_beams, kept_tokens, best_live = read
-        finalize(state, step, cand_scores, cand_beams, cand_tokens)
-        state.links = [(int(t), state.links[i * K + int(b)])
-                       for i, (bs, ts) in enumerate(zip(kept_beams, kept_tokens)) for b, t in zip(bs, ts)]  # fmt: skip
-        done = is_done(state, step, [row[0] for row in best_live])
+        read = torch.stack([t.double() for t in parts]).cpu().numpy()  # (6, n, K); ids are exact in float64
+        finalize(state, step, read[0], read[1], read[2])
+        parents = (np.arange(len(state.sentence))[:, None] * K + read[3]).astype(np.int64).ravel().tolist()
+        links = state.links
+        state.links = [(t, links[p]) for t, p in zip(read[4].astype(np.int64).ravel().tolist(), parents)]
+        done = is_done(state, step, read[5][:, 0].tolist())
         if all(done):
             break
         if any(done):
@@ -270,8 +333,20 @@ def beam_search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> 
     return [sorted(h, key=lambda h: -h.score)[: cfg.nbest] for h in state.finished]
 
 
-def search(model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig) -> list[list[Hypothesis]]:
-    """Greedy for beam size 1 (the same result as beam search with K=1, faster), else beam search."""
+def search(
+    model,
+    src: Tensor,
+    src_pad_mask: Tensor,
+    cfg: DecodeConfig,
+    prefix: Tensor | None = None,
+    uniforms: Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """Sampling with `cfg.sampling` (`uniforms`: see `sample_search`), greedy for beam size 1 (the same result as
+    beam search with K=1, faster), else beam search; hypotheses start with `prefix` (B, P) where it has tokens."""
+    if cfg.sampling:
+        if uniforms is None:
+            raise ValueError("sampling needs each row's uniforms (mt.evaluation.sampling_uniforms)")
+        return sample_search(model, src, src_pad_mask, cfg, uniforms, prefix)
     if cfg.beam_size == 1:
-        return greedy_search(model, src, src_pad_mask, cfg)
-    return beam_search(model, src, src_pad_mask, cfg)
+        return greedy_search(model, src, src_pad_mask, cfg, prefix)
+    return beam_search(model, src, src_pad_mask, cfg, prefix)

@@ -151,11 +151,11 @@ def cuda_branches(monkeypatch):
 
 
 class HostReads:
-    """Counts the calls that make the host wait for a device's result: Tensor.item / tolist / bool / int / float,
-    made by the thread that entered the counter (a prefetch thread's reads are of host tensors it collates). On
-    the CPU they cost nothing, but on CUDA each one waits for every kernel queued before it."""
+    """Counts the calls that make the host wait for a device's result: Tensor.item / tolist / cpu / bool / int /
+    float, made by the thread that entered the counter (a prefetch thread's reads are of host tensors it collates).
+    On the CPU they cost nothing, but on CUDA each one waits for every kernel queued before it."""
 
-    NAMES = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+    NAMES = ("item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__")  # numpy() follows a cpu()
 
     def __init__(self, monkeypatch):
         self.count, self.on = 0, False
