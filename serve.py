@@ -21,8 +21,9 @@ from omegaconf import DictConfig
 from mt import checkpoint
 from mt.config import ConfigError, ServeConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.inference import load_translator, run_decode_settings
+from mt.inference import run_decode_settings
 from mt.runtime import pick_device, prefer_expandable_segments
+from mt.translator import Translator
 
 log = logging.getLogger("serve")
 register_configs()
@@ -42,12 +43,11 @@ def main(dcfg: DictConfig) -> None:
         cfg: ServeConfig = to_dataclass(dcfg)
         ckpt = checkpoint.load(cfg.checkpoint)
         cfg.decode = run_decode_settings(cfg.decode, ckpt, list(HydraConfig.get().overrides.task))
-        device = pick_device(cfg.device)
-        model, vocabs, amp = load_translator(ckpt, cfg.decode, cfg.precision, device)
+        translator = Translator.open([ckpt], cfg.decode, pick_device(cfg.device), cfg.precision)
         data = (ckpt.get("config") or {}).get("data", {})
-        info = {"model": ckpt["path"], "engine": type(model).__name__, "src_lang": data.get("src_lang"),
+        info = {"model": ckpt["path"], "engine": type(translator.model).__name__, "src_lang": data.get("src_lang"),
                 "tgt_lang": data.get("tgt_lang"), "model_config": ckpt["model_args"]}  # fmt: skip
-        app = create_app(model, vocabs, cfg, device, amp, info)
+        app = create_app(translator, cfg, info)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -25,8 +25,9 @@ from omegaconf import DictConfig
 from mt import checkpoint
 from mt.config import TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.inference import load_ensemble, load_translator, run_decode_settings, translate_stream, translate_whole
+from mt.inference import run_decode_settings, translate_stream, translate_whole
 from mt.runtime import keep_freed_memory_in_the_heap, pick_device, prefer_expandable_segments
+from mt.translator import Translator
 
 log = logging.getLogger("translate")
 register_configs()
@@ -48,16 +49,11 @@ def main(dcfg: DictConfig) -> None:
             d.length_penalty_type,
             d.length_penalty,
         )
-        device = pick_device(cfg.device)
-        if len(ckpts) == 1:
-            model, vocabs, amp = load_translator(ckpt, d, cfg.precision, device, plot=bool(cfg.plot_attention))
-        else:
-            model, vocabs, amp = load_ensemble(ckpts, d, cfg.precision, device, plot=bool(cfg.plot_attention))
-            log.info("ensemble of %d models", len(ckpts))
+        translator = Translator.open(ckpts, d, pick_device(cfg.device), cfg.precision, bool(cfg.plot_attention))
         if cfg.references or cfg.plot_attention:  # these need the whole input
-            translate_whole(cfg, ckpt, model, vocabs, device, amp)
+            translate_whole(cfg, translator)
         else:
-            translate_stream(cfg, model, vocabs, device, amp)
+            translate_stream(cfg, translator)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

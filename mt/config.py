@@ -180,6 +180,8 @@ class TranslateConfig:
     # plot_attention, which need the whole input).
     stream_lines: int = 10000
     output: str = "-"  # a file, or - for stdout
+    # A file of target prefixes, one per input line (an empty line = none): each translation starts with its prefix.
+    prefix: str | None = None
     references: str | None = None  # a file, or a split name of the checkpoint's data config (e.g. test_2016_flickr)
     report_dir: str | None = None  # where report.json/md go; default: next to the output
     decode: DecodeConfig = field(default_factory=DecodeConfig)

@@ -54,8 +54,13 @@ class CTranslate2Model:
         )
         self.vocabs: Vocabs = load_run_vocabs(TokenizerConfig(joint=(path / "tokenizer.json").is_file()), path)
 
-    def translate_ids(self, src_ids: list[list[int]], cfg: DecodeConfig) -> list[list[Hypothesis]]:
-        """Hypotheses for each source (ids without </s>), in input order."""
+    def translate_ids(
+        self, src_ids: list[list[int]], cfg: DecodeConfig, prefixes: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
+        """Hypotheses for each source (ids without </s>), in input order; `prefixes`: target ids each line's
+        hypotheses start with (CTranslate2's target_prefix). Sampling draws from CTranslate2's own generator,
+        seeded with `cfg.seed` at each call: reproducible for the same input and batching, not line by line as
+        this project's sampling."""
         alpha = cfg.length_penalty  # CTranslate2 applies it as score / len^alpha, whatever length_penalty_type says
         groups: dict[int, list[int]] = defaultdict(list)
         out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]  # empty in, empty out
@@ -65,9 +70,15 @@ class CTranslate2Model:
             limit = min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), self.cfg.max_positions - 1)
             groups[max(1, limit)].append(i)
         src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt.tokenizer
+        sampling = {}
+        if cfg.sampling:
+            require_ctranslate2().set_random_seed(cfg.seed)
+            sampling = dict(sampling_topk=cfg.topk, sampling_topp=cfg.topp, sampling_temperature=cfg.temperature)
         for limit, rows in groups.items():
+            prefix = [self.vocabs.tgt.tokens(prefixes[i]) for i in rows] if prefixes else None
             results = self.translator.translate_batch(
                 [src_vocab.tokens(src_ids[i]) for i in rows],
+                target_prefix=prefix,
                 max_batch_size=cfg.max_tokens,
                 batch_type="tokens",
                 beam_size=cfg.beam_size,
@@ -78,6 +89,7 @@ class CTranslate2Model:
                 disable_unk=cfg.no_unk,
                 max_input_length=0,
                 return_scores=True,
+                **sampling,
             )
             for i, r in zip(rows, results):
                 out[i] = [
@@ -85,3 +97,11 @@ class CTranslate2Model:
                     for tokens, score in zip(r.hypotheses, r.scores)
                 ]
         return out
+
+    def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[float]:
+        """The log-probability of each target given its source (</s> included), by CTranslate2's score_batch."""
+        src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt
+        results = self.translator.score_batch(
+            [src_vocab.tokens(s) for s in src_ids], [tgt_vocab.tokens(t) for t in tgt_ids], max_input_length=0
+        )
+        return [sum(r.log_probs) for r in results]

@@ -77,12 +77,12 @@ def translate_ids(
     device: torch.device,
     autocast_dtype: torch.dtype | None,
     prefixes: list[list[int]] | None = None,
-    first_line: int = 0,
+    line_numbers: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode token-id sources (no specials) and return hypotheses in input order. An empty source gives
     `nbest` empty hypotheses (an empty line in, an empty line out). `prefixes`: target ids each line's
-    hypotheses start with (empty = none). `first_line`: the input line number of `src_ids[0]`, which with
-    `cfg.seed` decides a line's samples."""
+    hypotheses start with (empty = none). `line_numbers`: each source's number in its input (default 0, 1, ...),
+    which with `cfg.seed` decides its samples."""
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]
     nonempty = [i for i, s in enumerate(src_ids) if s]
     lengths = [len(src_ids[i]) + 1 for i in nonempty]
@@ -98,7 +98,8 @@ def translate_ids(
         uniforms = None
         if cfg.sampling:
             limits = max_lengths(batch.src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
-            uniforms = sampling_uniforms([first_line + i for i in idx], limits.tolist(), cfg.seed, cfg.nbest)
+            numbers = [line_numbers[i] if line_numbers else i for i in idx]
+            uniforms = sampling_uniforms(numbers, limits.tolist(), cfg.seed, cfg.nbest)
             uniforms = uniforms.to(device)
         batch = batch.to(device)
         prefix = prefix.to(device) if prefix is not None else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import select
 import sys
 import time
 from collections.abc import Iterator
@@ -14,7 +16,7 @@ from pathlib import Path
 import torch
 
 from mt import checkpoint, data, runtime
-from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig
+from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig, validate_decode
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.ct2 import CTranslate2Model
 from mt.ensemble import Ensemble
@@ -39,22 +41,26 @@ def read_input(path: str, errors: str = "strict") -> list[str]:
 
 def input_chunks(path: str, errors: str, size: int) -> Iterator[list[str]]:
     """The input's lines (as `split_lines` cuts and decodes them) `size` at a time, read as they are needed, so that
-    memory stays bounded whatever the input's length. The file is opened now: a missing one fails before any work."""
+    memory stays bounded whatever the input's length. From stdin a chunk also ends when no more input is waiting:
+    a person at a terminal, or a program that writes a line and waits for its translation, gets it at once, while
+    a file or a fast pipe is still read in large chunks. The file is opened now: a missing one fails before any
+    work."""
     if path == "-":
-        stream, name = sys.stdin.buffer, "stdin"
+        raw_lines, name = waiting_lines(sys.stdin.buffer.fileno()), "stdin"
     elif Path(path).is_file():
-        stream, name = data.open_binary(Path(path)), path
+        raw_lines, name = (data.open_binary(Path(path)), None), path
     else:
         raise data.DataError(f"input={path}: no such file; give an existing file or - for stdin")
 
     def chunks() -> Iterator[list[str]]:
         chunk, replaced, lineno = [], 0, 0
+        lines, flushes = raw_lines
         try:
-            for lineno, raw in enumerate(stream, start=1):  # binary lines end at b"\n" only
+            for lineno, raw in enumerate(lines, start=1):  # binary lines end at b"\n" only
                 line = decode_line(raw.rstrip(b"\n"), name, lineno, errors)
                 replaced += "\ufffd" in line and errors == "replace"
                 chunk.append(line)
-                if len(chunk) == size:
+                if len(chunk) == size or (flushes is not None and flushes.nothing_waiting()):
                     yield chunk
                     chunk = []
         except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
@@ -65,6 +71,35 @@ def input_chunks(path: str, errors: str, size: int) -> Iterator[list[str]]:
             log.warning("%s: %d lines had bytes that are not UTF-8, replaced by U+FFFD", name, replaced)
 
     return chunks()
+
+
+class WaitingLines:
+    """The lines of a file descriptor, read with os.read as they arrive; `nothing_waiting()` tells whether the lines
+    read so far are all there is for now (no complete line buffered, and select says none is waiting)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buffered, self.rest = fd, [], b""
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            if not self.buffered:
+                block = os.read(self.fd, 1 << 16)  # what is there, up to 64 KiB; blocks only when nothing is
+                if not block:
+                    break
+                *self.buffered, self.rest = (self.rest + block).split(b"\n")
+                self.buffered.reverse()
+                continue
+            yield self.buffered.pop()
+        if self.rest:
+            yield self.rest
+
+    def nothing_waiting(self) -> bool:
+        return not self.buffered and not select.select([self.fd], [], [], 0)[0]
+
+
+def waiting_lines(fd: int) -> tuple[WaitingLines, WaitingLines]:
+    lines = WaitingLines(fd)
+    return lines, lines
 
 
 def decode_line(raw: bytes, name: str, lineno: int, errors: str) -> str:
@@ -117,19 +152,20 @@ def encode_within_positions(vocabs: Vocabs, lines: list[str], limit: int) -> lis
     return src_ids
 
 
-def decode_ids(model, src_ids: list[list[int]], cfg: DecodeConfig, device, amp) -> list[list[Hypothesis]]:
-    """Hypotheses for token-id sources with this project's search, or CTranslate2's for an export."""
+def decode_ids(
+    model,
+    src_ids: list[list[int]],
+    cfg: DecodeConfig,
+    device,
+    amp,
+    prefixes: list[list[int]] | None = None,
+    line_numbers: list[int] | None = None,
+) -> list[list[Hypothesis]]:
+    """Hypotheses for token-id sources with this project's search, or CTranslate2's for an export (see
+    `mt.evaluation.translate_ids` for `prefixes` and `line_numbers`)."""
     if isinstance(model, CTranslate2Model):
-        return model.translate_ids(src_ids, cfg)
-    return translate_ids(model, src_ids, cfg, device, amp)
-
-
-def translate_lines(model, vocabs: Vocabs, lines: list[str], cfg: DecodeConfig, device, amp):
-    """Raw lines -> (source ids, hypotheses, detokenized best translations), in input order, one per line.
-    `model`: this project's Transformer, or a CTranslate2 export (mt.ct2)."""
-    src_ids = encode_within_positions(vocabs, lines, model.cfg.max_positions - 1)
-    hyps = decode_ids(model, src_ids, cfg, device, amp)
-    return src_ids, hyps, vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+        return model.translate_ids(src_ids, cfg, prefixes)
+    return translate_ids(model, src_ids, cfg, device, amp, prefixes, line_numbers)
 
 
 def output_lines(
@@ -171,8 +207,13 @@ def run_decode_settings(cli: DecodeConfig, ckpt: dict, overrides: list[str]) -> 
         return cli
     fields = {f.name for f in dataclasses.fields(DecodeConfig)}
     merged = {k: v for k, v in saved.items() if k in fields}
-    merged.update({k: getattr(cli, k) for k in (k.removeprefix("decode.") for k in keys) if k in fields})
-    return DecodeConfig(**merged)
+    given = {k for k in (k.removeprefix("decode.") for k in keys) if k in fields}
+    merged.update({k: getattr(cli, k) for k in given})
+    if cli.sampling and "beam_size" not in given:  # sampling draws one token at a time: not the run's beam
+        merged["beam_size"] = 1
+    cfg = DecodeConfig(**merged)
+    validate_decode(cfg)
+    return cfg
 
 
 def plot_first_line(
@@ -253,24 +294,53 @@ def load_ensemble(ckpts: list[dict], decode: DecodeConfig, precision: str, devic
     return for_decoding(ensemble, decode, device), vocabs, pick_autocast(precision, device)
 
 
-def translate_stream(cfg: TranslateConfig, model, vocabs, device, amp) -> None:
-    """`stream_lines` lines at a time: read, translated, written (bounded memory, output as it is ready)."""
+class PrefixFile:
+    """translate.py's `prefix=FILE`: one target prefix per input line (an empty line = none), read alongside the
+    input's chunks."""
+
+    def __init__(self, path: str):
+        self.path, self.read = path, 0
+        if not Path(path).is_file():
+            raise data.DataError(f"prefix={path}: no such file; give one target prefix per input line")
+        self.lines = input_chunks(path, "strict", 1)
+
+    def take(self, n: int) -> list[str]:
+        out = [line for _, [line] in zip(range(n), self.lines)]
+        if len(out) < n:
+            raise data.DataError(f"prefix={self.path}: has {self.read + len(out)} lines but the input has more (line "
+                                 f"{self.read + len(out) + 1}); give one prefix per input line")  # fmt: skip
+        self.read += n
+        return out
+
+    def finish(self) -> None:
+        if next(self.lines, None) is not None:
+            raise data.DataError(f"prefix={self.path}: line {self.read + 1} has no input line (the input has "
+                                 f"{self.read}); give one prefix per input line")  # fmt: skip
+
+
+def translate_stream(cfg: TranslateConfig, translator) -> None:
+    """`stream_lines` lines at a time (fewer when no more input is waiting): read, translated, written (bounded
+    memory, output as soon as it is ready). `translator`: an mt.translator.Translator."""
     chunks = input_chunks(cfg.input, cfg.input_errors, cfg.stream_lines)
-    out, done, n_tokens, start = open_output(cfg.output), 0, 0, time.perf_counter()
-    for lines in chunks:
-        _, hyps, texts = translate_lines(model, vocabs, lines, cfg.decode, device, amp)
-        write_output(out, output_lines(hyps, texts, vocabs, cfg.decode.nbest, first=done))
-        done, n_tokens = done + len(lines), n_tokens + sum(len(h[0].tokens) for h in hyps)
+    prefixes = PrefixFile(cfg.prefix) if cfg.prefix else None
+    out, start = open_output(cfg.output), time.perf_counter()
+    done, n_tokens = translator.translate_stream(chunks, out, cfg.decode, prefixes, f"prefix={cfg.prefix}")
     seconds = max(time.perf_counter() - start, 1e-9)
     log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", done, seconds, done / seconds, n_tokens / seconds)
 
 
-def translate_whole(cfg: TranslateConfig, ckpt: dict, model, vocabs, device, amp) -> None:
+def translate_whole(cfg: TranslateConfig, translator) -> None:
     """The whole input at once, for a report against references and for the attention plot."""
-    lines = read_input(cfg.input, cfg.input_errors)
+    lines, ckpt, vocabs = read_input(cfg.input, cfg.input_errors), translator.checkpoint, translator.vocabs
     refs = read_references(cfg.references, ckpt, len(lines)) if cfg.references else None
+    prefix = None
+    if cfg.prefix:
+        prefixes = PrefixFile(cfg.prefix)
+        prefix = prefixes.take(len(lines))
+        prefixes.finish()
     out, start = open_output(cfg.output), time.perf_counter()
-    src_ids, hyps, texts = translate_lines(model, vocabs, lines, cfg.decode, device, amp)
+    src_ids, hyps = translator.hypotheses(lines, cfg.decode, prefix, where=f"prefix={cfg.prefix}")
+    texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
     seconds = max(time.perf_counter() - start, 1e-9)
     write_output(out, output_lines(hyps, texts, vocabs, cfg.decode.nbest))
     n_tokens = sum(len(h[0].tokens) for h in hyps)
@@ -284,4 +354,4 @@ def translate_whole(cfg: TranslateConfig, ckpt: dict, model, vocabs, device, amp
         log.info("BLEU %.2f (lowercased %.2f), chrF %.2f; report in %s", r["bleu"], r["bleu_lowercase"], r["chrf"],
                  report_dir / "report.md")  # fmt: skip
     if cfg.plot_attention:
-        plot_first_line(model, vocabs, src_ids, hyps, cfg)
+        plot_first_line(translator.model, vocabs, src_ids, hyps, cfg)

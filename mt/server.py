@@ -1,7 +1,8 @@
 """An HTTP translation server: a FastAPI app (run by uvicorn from serve.py) over this project's decoder or a
 CTranslate2 export.
 
-    POST /translate {"src": ["...", ...], "beam_size"?: int, "nbest"?: int}
+    POST /translate {"src": ["...", ...], "beam_size"?: int, "nbest"?: int, "prefix"?: ["...", ...],
+                     "sampling"?: bool, "topk"?: int, "topp"?: float, "temperature"?: float, "seed"?: int}
          -> {"translations": ["...", ...]}  (nbest > 1: [[{"text": .., "score": ..}, ...], ...]), order kept
     GET  /health -> {"status": "ok"};  GET /info -> model, languages, decode settings, limits
 
@@ -26,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from mt.config import DecodeConfig, ServeConfig
+from mt.config import ConfigError, DecodeConfig, ServeConfig
 from mt.inference import decode_ids
 from mt.search import Hypothesis
 
@@ -38,6 +39,12 @@ class TranslateRequest(BaseModel):
     src: list[str]
     beam_size: int | None = None
     nbest: int | None = None
+    prefix: list[str] | None = None  # one per line ("" = none): each translation starts with its prefix
+    sampling: bool | None = None  # and its settings (mt.config.DecodeConfig); a request's samples depend on its own
+    topk: int | None = None  #     lines and seed only, not on the requests decoded with it
+    topp: float | None = None
+    temperature: float | None = None
+    seed: int | None = None
 
 
 class BadRequest(Exception):
@@ -48,6 +55,7 @@ class BadRequest(Exception):
 @dataclass
 class Job:
     src_ids: list[list[int]]
+    prefixes: list[list[int]] | None
     decode: DecodeConfig
     done: asyncio.Future
     tokens: int = field(init=False)
@@ -64,8 +72,10 @@ class Batcher:
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
         self.batches = self.requests = 0  # counted for /info (and the tests)
 
-    async def translate(self, src_ids: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
-        job = Job(src_ids, decode, asyncio.get_running_loop().create_future())
+    async def translate(
+        self, src_ids: list[list[int]], prefixes: list[list[int]] | None, decode: DecodeConfig
+    ) -> list[list[Hypothesis]]:
+        job = Job(src_ids, prefixes, decode, asyncio.get_running_loop().create_future())
         await self.queue.put(job)
         return await job.done
 
@@ -87,13 +97,15 @@ class Batcher:
     async def run(self) -> None:
         while True:
             jobs = await self._collect()
-            groups: dict[tuple, list[Job]] = defaultdict(list)  # one decode per setting (beam size, n-best)
+            groups: dict[tuple, list[Job]] = defaultdict(list)  # one decode per setting
             for job in jobs:
-                groups[(job.decode.beam_size, job.decode.nbest)].append(job)
+                groups[dataclasses.astuple(job.decode)].append(job)
             for group in groups.values():
                 src_ids = [s for job in group for s in job.src_ids]
+                prefixes = [p for job in group for p in (job.prefixes or [[]] * len(job.src_ids))]
+                numbers = [i for job in group for i in range(len(job.src_ids))]  # each request's own line numbers
                 try:
-                    hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode)
+                    hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode, prefixes, numbers)
                 except Exception as e:  # a decoding failure answers its requests, the server goes on
                     log.exception("decoding failed")
                     for job in group:
@@ -106,10 +118,16 @@ class Batcher:
                     start += len(job.src_ids)
 
 
-def create_app(model, vocabs, cfg: ServeConfig, device, amp, info: dict) -> FastAPI:
-    """The app over a loaded model (this project's Transformer or a CTranslate2 export) and its tokenizers."""
-    batcher = Batcher(lambda ids, d: decode_ids(model, ids, d, device, amp), cfg.batch_wait_ms / 1000, cfg.batch_tokens)
-    limit = model.cfg.max_positions - 1  # source tokens a line may have (</s> takes the last position)
+def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
+    """The app over a loaded mt.translator.Translator (this project's model, an ensemble or a CTranslate2 export)."""
+    model, vocabs = translator.model, translator.vocabs
+
+    def decode(src_ids, settings, prefixes, numbers):
+        prefixes = prefixes if any(prefixes) else None
+        return decode_ids(model, src_ids, settings, translator.device, translator.amp, prefixes, numbers)
+
+    batcher = Batcher(decode, cfg.batch_wait_ms / 1000, cfg.batch_tokens)
+    limit = translator.limit  # source tokens a line may have (</s> takes the last position)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -144,7 +162,7 @@ def create_app(model, vocabs, cfg: ServeConfig, device, amp, info: dict) -> Fast
 
     @app.post("/translate")
     async def translate(req: TranslateRequest) -> dict:
-        decode = _request_decode(req, cfg)
+        decode = _request_decode(req, cfg, translator)
         src_ids = vocabs.src.encode_batch(req.src)
         n_tokens = sum(min(len(s), limit) + 1 for s in src_ids)
         if n_tokens > cfg.max_request_tokens:
@@ -155,7 +173,11 @@ def create_app(model, vocabs, cfg: ServeConfig, device, amp, info: dict) -> Fast
             if len(ids) > limit:
                 warnings.append(f"src[{i}]: {len(ids)} tokens, truncated to the model's {limit}")
                 src_ids[i] = ids[:limit]
-        hyps = await batcher.translate(src_ids, decode)
+        try:
+            prefixes = translator.encode_prefixes(req.prefix, src_ids, decode)
+        except ConfigError as e:
+            raise BadRequest(422, str(e)) from None
+        hyps = await batcher.translate(src_ids, prefixes, decode)
         if decode.nbest == 1:
             out: dict = {"translations": vocabs.tgt.decode_batch([h[0].tokens for h in hyps])}
         else:
@@ -166,16 +188,22 @@ def create_app(model, vocabs, cfg: ServeConfig, device, amp, info: dict) -> Fast
     return app
 
 
-def _request_decode(req: TranslateRequest, cfg: ServeConfig) -> DecodeConfig:
-    """The server's decode settings with the request's beam size and n-best; limits checked."""
+def _request_decode(req: TranslateRequest, cfg: ServeConfig, translator) -> DecodeConfig:
+    """The server's decode settings with the request's; limits checked."""
     if not req.src:
         raise BadRequest(422, "src: an empty list; send at least one sentence")
     if len(req.src) > cfg.max_sentences:
         raise BadRequest(413, f"src: {len(req.src)} sentences, more than max_sentences={cfg.max_sentences}")
-    beam = cfg.decode.beam_size if req.beam_size is None else req.beam_size
+    sampling = cfg.decode.sampling if req.sampling is None else req.sampling
+    beam = 1 if sampling else cfg.decode.beam_size if req.beam_size is None else req.beam_size
     nbest = 1 if req.nbest is None else req.nbest
     if not 1 <= beam <= cfg.max_beam:
         raise BadRequest(422, f"beam_size: {beam} is outside 1..{cfg.max_beam}")
-    if not 1 <= nbest <= beam:
-        raise BadRequest(422, f"nbest: {nbest} is outside 1..beam_size ({beam})")
-    return dataclasses.replace(cfg.decode, beam_size=beam, nbest=nbest)
+    if not 1 <= nbest <= (cfg.max_beam if sampling else beam):
+        raise BadRequest(422, f"nbest: {nbest} is outside 1..{'max_beam' if sampling else 'beam_size'} "
+                              f"({cfg.max_beam if sampling else beam})")  # fmt: skip
+    try:
+        return translator.settings(beam_size=beam, nbest=nbest, sampling=sampling, topk=req.topk, topp=req.topp,
+                                   temperature=req.temperature, seed=req.seed)  # fmt: skip
+    except ConfigError as e:
+        raise BadRequest(422, str(e).replace("decode.", "")) from None

@@ -13,9 +13,10 @@ from benchmarks.fuzz_translate import fuzz
 from benchmarks.kill_resume import campaign
 from mt.config import DecodeConfig, TokenizerConfig
 from mt.data import TextPairs
-from mt.inference import output_lines, split_lines, translate_lines
+from mt.inference import output_lines, split_lines
 from mt.model import Transformer
 from mt.tokenizer import build_vocabs
+from mt.translator import Translator
 from tests.conftest import tiny_model_config, write_toy_corpus
 from tests.test_bad_inputs import run, train_args
 
@@ -61,7 +62,8 @@ def test_any_text_gives_one_output_line_per_input_line(toy_translator, lines):
     read = split_lines(raw, "stdin")
     assert len(read) == len(lines)
     cfg = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=6)
-    _, hyps, texts = translate_lines(model, vocabs, read, cfg, torch.device("cpu"), None)
+    _, hyps = Translator(model, vocabs, cfg, torch.device("cpu"), None, {}).hypotheses(read)
+    texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
     out = "".join(line + "\n" for line in output_lines(hyps, texts, vocabs, 1))
     assert out.count("\n") == len(lines)
     assert all(texts[i] == "" for i, line in enumerate(read) if not line)  # empty in, empty out

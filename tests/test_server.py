@@ -13,6 +13,7 @@ fastapi = pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from mt.server import create_app  # noqa: E402
+from mt.translator import Translator  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,8 @@ def served(toy_vocab):
     model = train_tiny(vocabs, pairs)
     cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=2, max_len_a=1.2, max_len_b=3),
                       batch_wait_ms=50, max_sentences=8, max_request_tokens=400, max_beam=4)  # fmt: skip
-    app = create_app(model, vocabs, cfg, torch.device("cpu"), None, {"model": "toy", "src_lang": "xx"})
+    translator = Translator(model, vocabs, cfg.decode, torch.device("cpu"), None, {})
+    app = create_app(translator, cfg, {"model": "toy", "src_lang": "xx"})
     with TestClient(app) as client:
         yield client, model, vocabs, cfg
 
@@ -91,3 +93,23 @@ def test_concurrent_requests_are_batched_and_get_their_own_lines(served):
         assert answer["translations"] == vocabs.tgt.decode_batch([h[0].tokens for h in alone])
     assert after["requests"] - before["requests"] == len(requests)
     assert after["batches"] - before["batches"] < len(requests)  # some requests shared a batch
+
+
+def test_sampling_and_prefixes_over_http(served):
+    """A request's samples depend on its own lines and seed, not on the requests batched with it; a prefix starts
+    the translation; bad settings are one-line 422s."""
+    client, model, vocabs, cfg = served
+    src = ["the cat sees a dog", "big red house", "a small tree"]
+    body = {"src": src, "sampling": True, "seed": 5, "nbest": 2, "temperature": 1.5}
+    first = client.post("/translate", json=body).json()["translations"]
+    with ThreadPoolExecutor(4) as pool:  # the same request among others: batched together
+        others = [{"src": ["the dog runs"] * 3, "sampling": True, "seed": 5, "nbest": 2, "temperature": 1.5}] * 3
+        answers = list(pool.map(lambda b: client.post("/translate", json=b).json(), [body, *others]))
+    texts = lambda translations: [[h["text"] for h in hs] for hs in translations]  # noqa: E731
+    assert texts(answers[0]["translations"]) == texts(first) and len(first[0]) == 2  # (scores: float rounding)
+    r = client.post("/translate", json={"src": src, "prefix": ["red house", "", "the"]}).json()["translations"]
+    assert r[0].startswith("red house") and r[2].startswith("the")
+    for bad, message in (({"topp": 0.0}, "topp=0.0 is outside (0, 1]"), ({"topk": -2}, "topk=-2"),
+                         ({"prefix": ["a"]}, "1 prefixes for 3 lines")):  # fmt: skip
+        r = client.post("/translate", json={"src": src, "sampling": True, **bad})
+        assert r.status_code == 422 and message in r.json()["error"], r.json()

@@ -1,0 +1,209 @@
+"""The translator behind translate.py, serve.py and Python programs: a model (anything translate.py loads), its
+tokenizers and its decoding settings; text in, translations out.
+
+    from mt import Translator
+
+    t = Translator.load("runs/en_de")                     # a run dir, .pt, release, CTranslate2 export, or a list
+    t.translate(["A dog runs."])                          # ["Ein Hund rennt."]
+    t.translate(["A dog runs."], nbest=3)                 # [[("Ein Hund rennt.", -0.38), ...]]
+    t.translate(["A dog runs."], sampling=True, topk=10)  # a sample per line (reproducible: `seed`)
+    t.translate(["A dog runs."], prefix=["Ein Hund"])     # translations that start with the prefix
+    t.score(["A dog runs."], ["Ein Hund rennt."])         # the model's log-probability of each pair
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from mt import checkpoint
+from mt.batching import collate
+from mt.config import ConfigError, DecodeConfig, checkpoint_list, validate_decode
+from mt.ct2 import CTranslate2Model
+from mt.evaluation import token_batches
+from mt.inference import (
+    decode_ids,
+    encode_within_positions,
+    input_chunks,
+    load_ensemble,
+    load_translator,
+    output_lines,
+    write_output,
+)
+from mt.runtime import autocast, pick_device
+from mt.search import Hypothesis
+from mt.tokenizer import PAD
+
+log = logging.getLogger(__name__)
+DECODE_KEYS = {f.name for f in dataclasses.fields(DecodeConfig)}
+
+
+def decode_settings(saved: dict | None, overrides: dict) -> DecodeConfig:
+    """The decoding settings a checkpoint's run saved (its recipe's beam and length penalty), with `overrides` on
+    top; an unknown name or a bad value is a one-line ConfigError."""
+    unknown = sorted(set(overrides) - DECODE_KEYS)
+    if unknown:
+        raise ConfigError(f"decode setting {unknown[0]!r} is unknown; known: {', '.join(sorted(DECODE_KEYS))}")
+    base = {k: v for k, v in (saved or {}).items() if k in DECODE_KEYS}
+    cfg = DecodeConfig(**{**base, **overrides})
+    validate_decode(cfg)
+    return cfg
+
+
+class Translator:
+    """A loaded model with its tokenizers, device, precision and default decoding settings (`decode`)."""
+
+    def __init__(self, model, vocabs, decode: DecodeConfig, device: torch.device, amp, ckpt: dict):
+        self.model, self.vocabs, self.decode, self.device, self.amp = model, vocabs, decode, device, amp
+        self.checkpoint = ckpt  # the (first) checkpoint's dict: "path", "config", "model_args"
+
+    @classmethod
+    def load(cls, path: str | Path | list, device: str = "auto", precision: str = "fp32", **decode) -> Translator:
+        """Load `path`: a run dir (its final checkpoint), a .pt file, a release dir, a CTranslate2 export, or a list
+        of the first three (an ensemble). `device`: auto | cpu | cuda[:N]; `precision`: fp32 | bf16 | fp16 | auto;
+        `decode`: any decode.* setting (beam_size=5, length_penalty=1.0, max_tokens=8000, sampling=True, ...),
+        on top of the settings the run saved."""
+        ckpts = [checkpoint.load(p) for p in checkpoint_list(path)]
+        settings = decode_settings((ckpts[0].get("config") or {}).get("decode"), decode)
+        return cls.open(ckpts, settings, pick_device(device), precision)
+
+    @classmethod
+    def open(cls, ckpts: list[dict], decode: DecodeConfig, device: torch.device, precision: str, plot: bool = False):
+        """From loaded checkpoints (translate.py and serve.py, which take their settings from Hydra)."""
+        if len(ckpts) == 1:
+            model, vocabs, amp = load_translator(ckpts[0], decode, precision, device, plot)
+        else:
+            model, vocabs, amp = load_ensemble(ckpts, decode, precision, device, plot)
+            log.info("ensemble of %d models", len(ckpts))
+        return cls(model, vocabs, decode, device, amp, ckpts[0])
+
+    @property
+    def limit(self) -> int:
+        """Source tokens a line may have (the model's positions, less one for </s>)."""
+        return self.model.cfg.max_positions - 1
+
+    def settings(self, **overrides) -> DecodeConfig:
+        """The default decoding settings with `overrides` (None = keep the default), validated."""
+        return decode_settings(dataclasses.asdict(self.decode), {k: v for k, v in overrides.items() if v is not None})
+
+    def encode_prefixes(self, prefixes: list[str] | None, src_ids: list[list[int]], decode: DecodeConfig,
+                        where: str = "prefix", first_line: int = 0) -> list[list[int]] | None:  # fmt: skip
+        """Target ids of each line's prefix ("" = none); a prefix that leaves no room in the line's length limit is
+        a one-line error naming `where` and the line."""
+        if prefixes is None:
+            return None
+        if len(prefixes) != len(src_ids):
+            raise ConfigError(f"{where}: {len(prefixes)} prefixes for {len(src_ids)} lines; give one per line")
+        ids = self.vocabs.tgt.encode_batch([p.strip() for p in prefixes])
+        for i, (p, s) in enumerate(zip(ids, src_ids)):
+            limit = min(int((len(s) + 1) * decode.max_len_a + decode.max_len_b), self.limit)
+            if s and len(p) >= limit:
+                raise ConfigError(
+                    f"{where}:{first_line + i + 1}: the prefix has {len(p)} tokens but the line's translation may "
+                    f"have {limit - 1} before </s> (decode.max_len_a/max_len_b); shorten it or raise max_len_b"
+                )
+        return ids if any(ids) else None
+
+    def hypotheses(
+        self,
+        lines: list[str],
+        decode: DecodeConfig | None = None,
+        prefixes: list[str] | None = None,
+        first_line: int = 0,
+        where: str = "prefix",
+    ) -> tuple[list[list[int]], list[list[Hypothesis]]]:
+        """(source ids, hypotheses best first) of raw lines, in input order; `first_line`: the number of
+        `lines[0]` in its input (0-based), which with `decode.seed` decides its samples."""
+        decode = decode or self.decode
+        src_ids = encode_within_positions(self.vocabs, lines, self.limit)
+        prefix_ids = self.encode_prefixes(prefixes, src_ids, decode, where, first_line)
+        numbers = list(range(first_line, first_line + len(lines)))
+        return src_ids, decode_ids(self.model, src_ids, decode, self.device, self.amp, prefix_ids, numbers)
+
+    def translate(
+        self,
+        lines: list[str],
+        *,
+        beam_size: int | None = None,
+        nbest: int | None = None,
+        sampling: bool | None = None,
+        topk: int | None = None,
+        topp: float | None = None,
+        temperature: float | None = None,
+        seed: int | None = None,
+        prefix: list[str] | None = None,
+    ) -> list[str] | list[list[tuple[str, float]]]:
+        """Translations of `lines` (a list of strings), one per line: a string, or with `nbest` > 1 a list of
+        (translation, score) best first. Unset arguments keep the loaded settings: `beam_size`, `nbest` (beams
+        kept, or samples drawn), `sampling` with `topk` (0 = all tokens), `topp` (1.0 = all), `temperature` and
+        `seed`; `prefix`: one target prefix per line ("" = none) each translation starts with."""
+        if isinstance(lines, str) or not all(isinstance(line, str) for line in lines):
+            raise ConfigError("translate: give a list of strings (one sentence each), e.g. translate(['A dog.'])")
+        if sampling and beam_size is None:  # sampling draws one token at a time: not the loaded beam size
+            beam_size = 1
+        decode = self.settings(beam_size=beam_size, nbest=nbest, sampling=sampling, topk=topk, topp=topp,
+                               temperature=temperature, seed=seed)  # fmt: skip
+        _, hyps = self.hypotheses(list(lines), decode, prefix)
+        if decode.nbest == 1:
+            return self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+        return [[(self.vocabs.tgt.decode(h.tokens), h.score) for h in hs] for hs in hyps]
+
+    def translate_stream(
+        self,
+        chunks: Iterable[list[str]],
+        out: TextIO,
+        decode: DecodeConfig | None = None,
+        prefixes=None,
+        where: str = "prefix",
+    ) -> tuple[int, int]:
+        """Translate each chunk of lines as it comes and write its output lines at once (n-best: "i ||| text |||
+        score", numbered across chunks); `prefixes.take(n)` gives the next n lines' prefixes (mt.inference's
+        PrefixFile). Returns (lines, output tokens)."""
+        decode, done, n_tokens = decode or self.decode, 0, 0
+        for lines in chunks:
+            prefix = prefixes.take(len(lines)) if prefixes is not None else None
+            _, hyps = self.hypotheses(lines, decode, prefix, first_line=done, where=where)
+            texts = self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+            write_output(out, output_lines(hyps, texts, self.vocabs, decode.nbest, first=done))
+            done, n_tokens = done + len(lines), n_tokens + sum(len(h[0].tokens) for h in hyps)
+        if prefixes is not None:
+            prefixes.finish()
+        return done, n_tokens
+
+    def translate_file(self, src: str | Path, out: str | Path, chunk_lines: int = 10_000, **decode) -> int:
+        """Translate the file `src` (plain or .gz, "-" = stdin) into `out` ("-" = stdout), `chunk_lines` lines at a
+        time (bounded memory for any input); `decode`: as `translate`'s settings. Returns the lines translated."""
+        settings = self.settings(**decode)
+        chunks = input_chunks(str(src), "strict", chunk_lines)
+        if str(out) == "-":
+            return self.translate_stream(chunks, sys.stdout, settings)[0]
+        with open(out, "w", encoding="utf-8", newline="\n") as f:
+            return self.translate_stream(chunks, f, settings)[0]
+
+    @torch.no_grad()
+    def score(self, src_lines: list[str], tgt_lines: list[str]) -> list[float]:
+        """The model's log-probability of each target line given its source (forced decoding, </s> included), as
+        corpus filtering and reranking use it; lines longer than the model are cut as in translation."""
+        if len(src_lines) != len(tgt_lines):
+            raise ConfigError(f"score: {len(src_lines)} source lines but {len(tgt_lines)} target lines; give pairs")
+        src = encode_within_positions(self.vocabs, list(src_lines), self.limit)
+        tgt = [t[: self.limit] for t in self.vocabs.tgt.encode_batch(list(tgt_lines))]
+        if isinstance(self.model, CTranslate2Model):
+            return self.model.score_ids(src, tgt)
+        out = [0.0] * len(src)
+        self.model.eval()
+        for idx in token_batches([len(s) + len(t) + 2 for s, t in zip(src, tgt)], self.decode.max_tokens):
+            b = collate([src[i] for i in idx], [tgt[i] for i in idx], idx).to(self.device)
+            with autocast(self.device, self.amp):
+                logits = self.model.decode(b.tgt_in, self.model.encode(b.src, b.src_pad_mask), b.src_pad_mask)
+            logp = logits.float().log_softmax(-1).gather(-1, b.tgt_out[..., None]).squeeze(-1)
+            sums = logp.masked_fill(b.tgt_out == PAD, 0.0).sum(1).tolist()
+            for i, value in zip(idx, sums):
+                out[i] = value
+        return out

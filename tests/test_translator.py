@@ -1,0 +1,189 @@
+"""The Python API (`from mt import Translator`) and translate.py as people use them: prefixes from a file, sampling,
+and answers as soon as a line is typed (through a pipe and a pseudo-terminal)."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from mt.config import ConfigError, DecodeConfig
+from mt.evaluation import translate_ids
+from tests.conftest import ROOT, write_toy_corpus
+from tests.test_training import make_trainer
+
+LINES = ["the cat sees a dog", "", "big red house and a tree", "a small dog runs"]
+
+
+@pytest.fixture(scope="module")
+def toy_run(tmp_path_factory):
+    """A run dir of a toy model trained for 60 updates (its checkpoints hold the model and tokenizers)."""
+    corpus = write_toy_corpus(tmp_path_factory.mktemp("corpus"))
+    run = tmp_path_factory.mktemp("run")
+    make_trainer(corpus, run, max_updates=60, max_epochs=10, lr=5e-3).fit(job_start=0)
+    return run
+
+
+def test_translate_as_the_search_does(toy_run):
+    from mt import Translator
+
+    t = Translator.load(toy_run, device="cpu", beam_size=3, length_penalty=0.0)
+    assert t.decode.beam_size == 3 and t.decode.max_tokens == 500  # the run's saved settings, then the overrides
+    ids = t.vocabs.src.encode_batch(LINES)
+    expected = translate_ids(t.model, ids, t.decode, torch.device("cpu"), None)
+    assert t.translate(LINES) == t.vocabs.tgt.decode_batch([h[0].tokens for h in expected])
+    nbest = t.translate(LINES, nbest=3)
+    assert [len(x) for x in nbest] == [3, 3, 3, 3] and nbest[1] == [("", 0.0)] * 3
+    assert all(isinstance(text, str) and a[1] >= b[1] for x in nbest if x[0][0] for (text, _), a, b in
+               zip(x, x, x[1:]))  # fmt: skip
+    samples = t.translate(LINES, sampling=True, seed=3, temperature=2.0, nbest=2)
+    assert samples == t.translate(LINES, sampling=True, seed=3, temperature=2.0, nbest=2)
+    forced = t.translate(LINES, prefix=["red house", "", "", "the"])
+    assert forced[0].startswith("red house") and forced[3].startswith("the")
+
+
+def test_score_is_the_models_log_probability_of_the_pair(toy_run):
+    """Forced decoding of the greedy translation gives the log-probability the search reported for it."""
+    from mt import Translator
+
+    t = Translator.load(toy_run, device="cpu", beam_size=1, length_penalty=0.0)
+    src = [line for line in LINES if line]
+    hyps = translate_ids(t.model, t.vocabs.src.encode_batch(src), t.decode, torch.device("cpu"), None)
+    tgt = t.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+    assert t.vocabs.tgt.encode_batch(tgt) == [h[0].tokens for h in hyps]  # the text gives back the same ids
+    assert t.score(src, tgt) == pytest.approx([h[0].logprob for h in hyps], abs=1e-4)
+
+
+def test_bad_calls_are_one_line_errors(toy_run):
+    from mt import Translator
+
+    with pytest.raises(ConfigError, match="decode setting 'beam' is unknown"):
+        Translator.load(toy_run, device="cpu", beam=4)
+    t = Translator.load(toy_run, device="cpu")
+    with pytest.raises(ConfigError, match="give a list of strings"):
+        t.translate("the cat")
+    with pytest.raises(ConfigError, match="decode.topp=2.0 is outside"):
+        t.translate(LINES, sampling=True, topp=2.0)
+    with pytest.raises(ConfigError, match="2 prefixes for 4 lines"):
+        t.translate(LINES, prefix=["a", "b"])
+    with pytest.raises(ConfigError, match="score: 4 source lines but 1 target lines"):
+        t.score(LINES, ["x"])
+
+
+def test_translate_file_streams_what_translate_gives(toy_run, tmp_path):
+    from mt import Translator
+
+    t = Translator.load(toy_run, device="cpu")
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES * 3))
+    assert t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt", chunk_lines=5) == 12
+    assert (tmp_path / "out.txt").read_text().splitlines() == t.translate(LINES * 3)
+
+
+def test_the_entry_points_first_import_does_not_load_torch():
+    code = "import sys, mt.cli; assert 'torch' not in sys.modules; from mt import Translator; print(Translator)"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "mt.translator.Translator" in p.stdout, p.stderr[-1000:]
+
+
+# ------------------------------------------------------------------ translate.py
+
+
+def translate(run, *args, input: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "translate.py", f"checkpoint={run}", "device=cpu", *args], cwd=ROOT,
+                          input=input, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def test_prefix_file(toy_run, tmp_path):
+    prefixes = tmp_path / "prefix.txt"
+    prefixes.write_text("red house\n\n\nthe\n")
+    p = translate(toy_run, f"prefix={prefixes}", input="".join(line + "\n" for line in LINES))
+    out = p.stdout.splitlines()
+    assert p.returncode == 0 and len(out) == 4 and out[0].startswith("red house") and out[3].startswith("the")
+    prefixes.write_text("red house\n\n")
+    p = translate(toy_run, f"prefix={prefixes}", input="".join(line + "\n" for line in LINES))
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1] == (
+        f"error: prefix={prefixes}: has 2 lines but the input has more (line 3); give one prefix per input line"
+    )
+    prefixes.write_text("the " * 40 + "\n")
+    p = translate(toy_run, f"prefix={prefixes}", input="the cat\n")
+    assert p.returncode == 2 and f"error: prefix={prefixes}:1: the prefix has 40 tokens" in p.stderr
+
+
+def test_sampling_from_the_command_line(toy_run):
+    src = "".join(line + "\n" for line in LINES)
+    a = translate(toy_run, "decode=sample", "decode.seed=7", "decode.nbest=2", input=src)
+    b = translate(toy_run, "decode=sample", "decode.seed=7", "decode.nbest=2", "decode.max_tokens=5", input=src)
+    assert a.returncode == 0 and a.stdout == b.stdout and len(a.stdout.splitlines()) == 8
+    bad = translate(toy_run, "decode=sample", "decode.beam_size=4", input=src)
+    assert bad.returncode == 2 and "decode.sampling=true draws each token" in bad.stderr
+
+
+def read_line(fd: int, timeout: float) -> tuple[str, float]:
+    """The next line written to `fd`, and the seconds it took; fails the test after `timeout` seconds."""
+    start, got = time.perf_counter(), b""
+    while not got.endswith(b"\n"):
+        ready, _, _ = select.select([fd], [], [], max(0.0, timeout - (time.perf_counter() - start)))
+        if not ready:
+            pytest.fail(f"no translation within {timeout} s (got {got!r})")
+        got += os.read(fd, 1)
+    return got.decode().rstrip("\r\n"), time.perf_counter() - start
+
+
+def test_a_line_is_answered_as_soon_as_it_is_written_to_a_pipe(toy_run):
+    """A program writes a line and waits for its translation, five times (before: nothing until end of input)."""
+    p = subprocess.Popen([sys.executable, "translate.py", f"checkpoint={toy_run}", "device=cpu"], cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        waits = []
+        for i, line in enumerate(["the cat", "a dog runs", "big house", "the red tree", "a cat sees a dog"]):
+            p.stdin.write((line + "\n").encode())
+            p.stdin.flush()
+            _, seconds = read_line(p.stdout.fileno(), 120 if i == 0 else 10)  # the first waits for the model to load
+            waits.append(seconds)
+        p.stdin.close()
+        assert p.wait(timeout=60) == 0
+        print("seconds from a line written to its translation read:", [round(w, 3) for w in waits])
+    finally:
+        p.kill()
+
+
+def test_a_line_typed_at_a_terminal_is_answered_at_once(toy_run):
+    parent, child = pty.openpty()
+    p = subprocess.Popen([sys.executable, "translate.py", f"checkpoint={toy_run}", "device=cpu"], cwd=ROOT,
+                         stdin=child, stdout=child, stderr=subprocess.DEVNULL)  # fmt: skip
+    os.close(child)
+    try:
+        waits = []
+        for i, line in enumerate(["the cat", "a dog runs", "big house", "the red tree", "a cat sees a dog"]):
+            os.write(parent, (line + "\n").encode())
+            echo, _ = read_line(parent, 120 if i == 0 else 10)  # the terminal echoes what is typed
+            assert echo == line
+            translation, seconds = read_line(parent, 120 if i == 0 else 10)
+            assert translation != line
+            waits.append(seconds)
+        os.write(parent, b"\x04")  # Ctrl-D
+        assert p.wait(timeout=60) == 0
+        print("seconds from a line typed to its translation shown:", [round(w, 3) for w in waits])
+    finally:
+        p.kill()
+        os.close(parent)
+
+
+def test_the_decode_sample_group_composes():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from mt.config import register_configs
+
+    register_configs()
+
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("translate", overrides=["checkpoint=x", "decode=sample"])
+    decode = DecodeConfig(**OmegaConf.to_container(cfg.decode))
+    assert decode.sampling and decode.beam_size == 1 and decode.topk == 0 and decode.temperature == 1.0
