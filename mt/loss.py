@@ -76,7 +76,6 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
         return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None, None
 
 
-@torch.compiler.disable  # its loop over row chunks would make torch.compile specialise on N: a recompile per batch
 def projected_label_smoothed_loss(
     states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float, chunk: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -85,9 +84,19 @@ def projected_label_smoothed_loss(
     states (N, D), weight (V, D) (the output projection's, bias-free), target (N,); `chunk` rows at a time: by
     default 256 on the CPU (the fastest on the recipe's shapes, `benchmarks/loss.py`, its logits stay in cache) and
     8,192 on CUDA (large matmuls keep the GPU busy; memory stays bounded for large vocabularies). Under
-    `train.compile` it runs eagerly: it is fused by hand already."""
+    `train.compile` it runs eagerly (`run_eagerly_under_compile`)."""
     chunk = chunk or (8192 if runtime.on_cuda(states.device) else 256)
     # forward() runs with autograd off, so whether gradients will be wanted is decided here
     want_grad = torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad)
     states = states.reshape(-1, states.size(-1))
     return _ProjectedLabelSmoothedCE.apply(states, weight, target.reshape(-1), eps, chunk, want_grad)
+
+
+def run_eagerly_under_compile() -> None:
+    """`train.compile`: keep the fused loss out of the compiled graph. It is fused by hand already, and its loop
+    over row chunks would make torch.compile specialise on the number of rows: a recompile for every batch. (Not a
+    decorator: that would import dynamo, 0.75 s, into every entry point, which Transformer.loss avoids by calling
+    this module's function by name.)"""
+    global projected_label_smoothed_loss
+    if not getattr(projected_label_smoothed_loss, "_torchdynamo_disable", False):
+        projected_label_smoothed_loss = torch.compiler.disable(projected_label_smoothed_loss)

@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import mt.loss as fused_loss
 from mt import fast_attention, runtime
 from mt.cache import DecoderCache, append_kv
 from mt.config import ModelConfig
 from mt.dropout import Dropout
-from mt.loss import projected_label_smoothed_loss
 from mt.tokenizer import PAD
 
 
@@ -292,7 +292,7 @@ class Transformer(nn.Module):
         wanted = tgt_out.ne(PAD) if skips_padding_rows(tgt_out.device) else None
         states = self.decoder_states(tgt_in, self.encode(src, src_pad_mask), src_pad_mask, wanted=wanted)
         target = tgt_out[wanted] if wanted is not None else tgt_out
-        return projected_label_smoothed_loss(states, self.output.weight, target, label_smoothing)
+        return fused_loss.projected_label_smoothed_loss(states, self.output.weight, target, label_smoothing)
 
     def config_dict(self) -> dict:
         return {"model": asdict(self.cfg), "src_vocab": self.src_vocab, "tgt_vocab": self.tgt_vocab}

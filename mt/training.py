@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+import mt.loss as fused_loss
 from mt import checkpoint, distributed, runtime
 from mt.batching import Batch
 from mt.config import Config, DecodeConfig, TrainConfig
@@ -71,6 +72,7 @@ def wrap_for_training(model: Transformer, tc: TrainConfig, world: int, device: t
             wrapped, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
         )
     if tc.compile:
+        fused_loss.run_eagerly_under_compile()
         wrapped = torch.compile(wrapped, dynamic=True)
     return wrapped
 
