@@ -37,7 +37,7 @@ def main(dcfg: DictConfig) -> None:
         try:
             import uvicorn
 
-            from mt.server import create_app
+            from mt.server import create_app, listening_socket, test_scores
         except ImportError:
             raise ConfigError("serving needs FastAPI and uvicorn: pip install -e '.[serve]'") from None
         cfg: ServeConfig = to_dataclass(dcfg)
@@ -46,13 +46,17 @@ def main(dcfg: DictConfig) -> None:
         translator = Translator.open([ckpt], cfg.decode, pick_device(cfg.device), cfg.precision)
         data = (ckpt.get("config") or {}).get("data", {})
         info = {"model": ckpt["path"], "engine": type(translator.model).__name__, "src_lang": data.get("src_lang"),
-                "tgt_lang": data.get("tgt_lang"), "model_config": ckpt["model_args"]}  # fmt: skip
+                "tgt_lang": data.get("tgt_lang"), "test_scores": test_scores(ckpt["path"]),
+                "model_config": ckpt["model_args"]}  # fmt: skip
         app = create_app(translator, cfg, info)
+        sock = listening_socket(cfg.host, cfg.port)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    log.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info)", ckpt["path"], cfg.host, cfg.port)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+    port = sock.getsockname()[1]
+    log.info("serving %s on http://%s:%d (the page at /, POST /translate, GET /health, GET /info)", ckpt["path"],
+             cfg.host, port)  # fmt: skip
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
 if __name__ == "__main__":

@@ -143,6 +143,7 @@ class DecodeConfig:
     length_penalty_type: str = "gnmt"  # gnmt ((5+len)/6)^alpha | average (score / len^alpha)
     max_len_a: float = 1.5
     max_len_b: int = 10
+    max_len: int = 0  # at most this many output tokens (</s> included) whatever the source; 0 = the model's positions
     min_len: int = 0  # tokens before </s> may be chosen (fairseq --min-len); for benchmarks with forced lengths
     nbest: int = 1
     no_unk: bool = False
@@ -205,8 +206,10 @@ class ServeConfig:
     batch_tokens: int = 4000
     # Per request: larger ones get a 413 with a one-line error.
     max_sentences: int = 64
-    max_request_tokens: int = 4000
+    max_request_tokens: int = 4000  # source tokens, counted before lines are cut to the model's positions
     max_beam: int = 16
+    max_body_bytes: int = 1_000_000  # a larger request body is refused (413) before it is read to the end
+    max_output_tokens: int = 256  # a served translation's length cap (decode.max_len), whatever the source
 
 
 def register_configs() -> None:
@@ -231,9 +234,12 @@ def to_dataclass(cfg: DictConfig) -> Any:
     elif isinstance(obj, ServeConfig):
         validate_decode(obj.decode)
         _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
-        for key in ("batch_tokens", "max_sentences", "max_request_tokens", "max_beam"):
+        for key in ("batch_tokens", "max_sentences", "max_request_tokens", "max_beam", "max_body_bytes",
+                    "max_output_tokens"):  # fmt: skip
             if getattr(obj, key) < 1:
                 raise ConfigError(f"{key}={getattr(obj, key)} is below its minimum 1; fix the override")
+        if not 0 <= obj.port <= 65535:
+            raise ConfigError(f"port={obj.port} is outside 0-65535; give a free TCP port (0 = any)")
     return obj
 
 
@@ -340,6 +346,7 @@ def validate_decode(cfg: DecodeConfig) -> None:
         ("decode.max_len_a", cfg.max_len_a, 0.0),
         ("decode.max_len_b", cfg.max_len_b, 0),
         ("decode.min_len", cfg.min_len, 0),
+        ("decode.max_len", cfg.max_len, 0),
     ):
         if value < low:
             raise ConfigError(f"{key}={value} is below its minimum {low}; fix the override or config file")

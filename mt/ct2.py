@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from mt.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig
-from mt.search import Hypothesis
+from mt.search import Hypothesis, output_cap
 from mt.tokenizer import Vocabs, load_run_vocabs
 
 EXPORT_FORMAT = "mt-ctranslate2-1"
@@ -67,7 +67,7 @@ class CTranslate2Model:
         for i, ids in enumerate(src_ids):
             if not ids:
                 continue
-            limit = min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), self.cfg.max_positions - 1)
+            limit = min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), output_cap(self, cfg))
             groups[max(1, limit)].append(i)
         src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt.tokenizer
         sampling = {}

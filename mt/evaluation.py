@@ -22,7 +22,7 @@ from mt.config import ConfigError, DecodeConfig
 from mt.corpus import make_sampler
 from mt.quantize import is_int8, quantize_int8
 from mt.runtime import autocast
-from mt.search import Hypothesis, max_lengths, search
+from mt.search import Hypothesis, max_lengths, output_cap, search
 from mt.tokenizer import Vocabs
 
 
@@ -97,7 +97,7 @@ def translate_ids(
         prefix = pad([prefixes[i] for i in idx]) if prefixes and any(prefixes[i] for i in idx) else None
         uniforms = None
         if cfg.sampling:
-            limits = max_lengths(batch.src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
+            limits = max_lengths(batch.src_pad_mask, cfg.max_len_a, cfg.max_len_b, output_cap(model, cfg))
             numbers = [line_numbers[i] if line_numbers else i for i in idx]
             uniforms = sampling_uniforms(numbers, limits.tolist(), cfg.seed, cfg.nbest)
             uniforms = uniforms.to(device)

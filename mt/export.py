@@ -26,6 +26,7 @@ from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.ct2 import require_ctranslate2
 from mt.errors import USER_ERRORS
 from mt.model import Transformer
+from mt.model_card import model_card
 from mt.tokenizer import BOS, EOS, PAD, UNK, Vocabs
 
 
@@ -154,7 +155,8 @@ def _shareable_config(ckpt: dict) -> dict:
 
 
 def export_release(source: str, out_dir: Path) -> Path:
-    """model.safetensors (weights; a tied matrix once), config.json, tokenizer.json (or .src/.tgt)."""
+    """model.safetensors (weights; a tied matrix once), config.json, tokenizer.json (or .src/.tgt), and README.md,
+    a model card (mt/model_card.py)."""
     from safetensors.torch import save_model
 
     ckpt = checkpoint.load(source)
@@ -166,6 +168,7 @@ def export_release(source: str, out_dir: Path) -> Path:
     vocabs.save(out_dir)
     config = {"format": RELEASE_FORMAT, "model_args": model.config_dict(), "config": _shareable_config(ckpt)}
     (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    (out_dir / "README.md").write_text(model_card(ckpt, model, out_dir.resolve().name), encoding="utf-8")
     return out_dir
 
 

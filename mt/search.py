@@ -31,8 +31,13 @@ class Hypothesis:
     logprob: float  # raw sum of token log-probabilities, </s> included
 
 
+def output_cap(model, cfg: DecodeConfig) -> int:
+    """The most output tokens (</s> included) any line may get: the model's positions, or `cfg.max_len`."""
+    return min(model.cfg.max_positions - 1, cfg.max_len or model.cfg.max_positions)
+
+
 def max_lengths(src_pad_mask: Tensor, a: float, b: int, cap: int) -> Tensor:
-    """(B,) output length limits `a * src_len + b` (</s> included), at most `cap` (the model's positions)."""
+    """(B,) output length limits `a * src_len + b` (</s> included), at most `cap` (`output_cap`)."""
     src_len = (~src_pad_mask).sum(1)
     return (src_len.float() * a + b).floor().long().clamp(min=1, max=cap)
 
@@ -165,7 +170,7 @@ def _one_token_per_row(model, src, src_pad_mask, cfg: DecodeConfig, choose, pref
     </s>; a row's score is the model's log-probability of its tokens."""
     B, device = src.size(0), src.device
     memory = model.encode(src, src_pad_mask)
-    max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
+    max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, output_cap(model, cfg))
     shortest, longest = torch.stack(max_len.aminmax()).tolist()
     cache = model.new_cache() if cfg.use_cache else None
     tokens = torch.full((B, 1), BOS, dtype=torch.long, device=device)
@@ -200,7 +205,7 @@ class BeamState:
         self.K, self.cfg, self.prefix = K, cfg, prefix  # prefix (B, P): target tokens forced first, <pad> after
         # (B, S, D): the K beams of a sentence (rows i*K .. i*K+K-1 of the decoder batch) share its encoder output.
         self.memory, self.src_pad_mask = model.encode(src, src_pad_mask), src_pad_mask
-        self.max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, model.cfg.max_positions - 1)
+        self.max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, output_cap(model, cfg))
         self.limits: list[int] = self.max_len.tolist()  # the same on the host, per live sentence
         self.cache = model.new_cache() if cfg.use_cache else None
         self.tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)

@@ -4,34 +4,44 @@ CTranslate2 export.
     POST /translate {"src": ["...", ...], "beam_size"?: int, "nbest"?: int, "prefix"?: ["...", ...],
                      "sampling"?: bool, "topk"?: int, "topp"?: float, "temperature"?: float, "seed"?: int}
          -> {"translations": ["...", ...]}  (nbest > 1: [[{"text": .., "score": ..}, ...], ...]), order kept
-    GET  /health -> {"status": "ok"};  GET /info -> model, languages, decode settings, limits
+    GET  /health -> {"status": "ok"};  GET /info -> model, languages, test scores, decode settings, limits
+    GET  /       -> a page to try the model in a browser (mt/page.html: no external scripts, fonts or styles)
 
 Requests that arrive together are decoded together: a single worker takes the first waiting request, collects the
 others that arrive within `batch_wait_ms` (or that arrived while the previous batch was decoding) up to
 `batch_tokens` source tokens, decodes them as one length-sorted batch per decode setting, and answers each request
 with its own lines. Bad requests get a 4xx with a one-line JSON error ({"error": "..."}) and the server goes on.
+What one request may cost is bounded: its body (`max_body_bytes`, refused while it arrives), its source tokens
+(`max_request_tokens`, counted before lines are cut to the model), its sentences, beam and output length
+(`max_output_tokens`), so that no client holds the one decoding worker for long.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import errno
+import json
 import logging
+import socket
 import time
 from collections import defaultdict
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mt.config import ConfigError, DecodeConfig, ServeConfig
 from mt.inference import decode_ids
 from mt.search import Hypothesis
 
 log = logging.getLogger(__name__)
+PAGE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8")
 
 
 class TranslateRequest(BaseModel):
@@ -50,6 +60,50 @@ class TranslateRequest(BaseModel):
 class BadRequest(Exception):
     def __init__(self, status: int, message: str):
         self.status, self.message = status, message
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over `limit` bytes gets a 413 (by its Content-Length at once, else as soon
+    as the bytes received pass the limit), before anything parses it."""
+
+    class TooLarge(Exception):
+        pass
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit() or int(declared) > self.limit:
+            return await self.refuse(send)
+        seen, started = 0, False
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise BodyLimit.TooLarge
+            return message
+
+        async def tracked(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, tracked)
+        except BodyLimit.TooLarge:
+            if not started:
+                await self.refuse(send)
+
+    async def refuse(self, send) -> None:
+        body = json.dumps({"error": f"request body over max_body_bytes={self.limit}; split the request"}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
 
 @dataclass
@@ -137,6 +191,13 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
 
     app = FastAPI(title="mt translation server", lifespan=lifespan)
     app.state.batcher = batcher
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, e: StarletteHTTPException) -> JSONResponse:
+        # FastAPI's own: an unknown path, a wrong method, a body it cannot parse (not UTF-8, nested too deep)
+        detail = e.detail if isinstance(e.detail, str) else "invalid request"
+        return JSONResponse({"error": detail}, status_code=e.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
@@ -154,9 +215,14 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
     async def health() -> dict:
         return {"status": "ok"}
 
+    @app.get("/", response_class=HTMLResponse)
+    async def page() -> str:
+        return PAGE
+
     @app.get("/info")
     async def about() -> dict:
-        limits = {k: getattr(cfg, k) for k in ("max_sentences", "max_request_tokens", "max_beam")}
+        limits = {k: getattr(cfg, k) for k in ("max_sentences", "max_request_tokens", "max_beam", "max_body_bytes",
+                                               "max_output_tokens")}  # fmt: skip
         served = {"batches": batcher.batches, "requests": batcher.requests}
         return {**info, "decode": dataclasses.asdict(cfg.decode), "limits": limits, "served": served}
 
@@ -164,7 +230,7 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
     async def translate(req: TranslateRequest) -> dict:
         decode = _request_decode(req, cfg, translator)
         src_ids = vocabs.src.encode_batch(req.src)
-        n_tokens = sum(min(len(s), limit) + 1 for s in src_ids)
+        n_tokens = sum(len(s) + 1 for s in src_ids)  # before cutting: a 100,000-character line counts in full
         if n_tokens > cfg.max_request_tokens:
             raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
                                   "split the request")  # fmt: skip
@@ -202,8 +268,44 @@ def _request_decode(req: TranslateRequest, cfg: ServeConfig, translator) -> Deco
     if not 1 <= nbest <= (cfg.max_beam if sampling else beam):
         raise BadRequest(422, f"nbest: {nbest} is outside 1..{'max_beam' if sampling else 'beam_size'} "
                               f"({cfg.max_beam if sampling else beam})")  # fmt: skip
+    cap = min(cfg.max_output_tokens, cfg.decode.max_len or cfg.max_output_tokens)
     try:
         return translator.settings(beam_size=beam, nbest=nbest, sampling=sampling, topk=req.topk, topp=req.topp,
-                                   temperature=req.temperature, seed=req.seed)  # fmt: skip
+                                   temperature=req.temperature, seed=req.seed, max_len=cap)  # fmt: skip
     except ConfigError as e:
         raise BadRequest(422, str(e).replace("decode.", "")) from None
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port), or a one-line ConfigError: an unknown host, a port in use. Bound before the
+    server announces itself, so that a taken port fails at once instead of after "serving on ..."."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise ConfigError(f"host={host}: unknown host ({e.strerror}); give an address of this machine, e.g. "
+                          "127.0.0.1 or 0.0.0.0") from None  # fmt: skip
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port={port}: already in use on {host}; stop what listens there or give another "
+                              "port=") from None  # fmt: skip
+        raise ConfigError(f"host={host} port={port}: cannot listen there ({e.strerror})") from None
+    sock.listen(2048)
+    return sock
+
+
+def test_scores(path: str) -> list[dict]:
+    """The test reports a run wrote beside the checkpoint: [{split, bleu, bleu_lowercase, chrf}]."""
+    where = Path(path) if Path(path).is_dir() else Path(path).parent
+    scores = []
+    for report in sorted(where.glob("*.report.json")):
+        try:
+            r = json.loads(report.read_text())
+            scores.append({"split": r["name"], **{k: r[k] for k in ("bleu", "bleu_lowercase", "chrf")}})
+        except (OSError, ValueError, KeyError):
+            continue
+    return scores

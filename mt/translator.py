@@ -37,7 +37,7 @@ from mt.inference import (
     write_output,
 )
 from mt.runtime import autocast, pick_device
-from mt.search import Hypothesis
+from mt.search import Hypothesis, output_cap
 from mt.tokenizer import PAD
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ class Translator:
             raise ConfigError(f"{where}: {len(prefixes)} prefixes for {len(src_ids)} lines; give one per line")
         ids = self.vocabs.tgt.encode_batch([p.strip() for p in prefixes])
         for i, (p, s) in enumerate(zip(ids, src_ids)):
-            limit = min(int((len(s) + 1) * decode.max_len_a + decode.max_len_b), self.limit)
+            limit = min(int((len(s) + 1) * decode.max_len_a + decode.max_len_b), output_cap(self.model, decode))
             if s and len(p) >= limit:
                 raise ConfigError(
                     f"{where}:{first_line + i + 1}: the prefix has {len(p)} tokens but the line's translation may "
@@ -165,15 +165,22 @@ class Translator:
         """Translate each chunk of lines as it comes and write its output lines at once (n-best: "i ||| text |||
         score", numbered across chunks); `prefixes.take(n)` gives the next n lines' prefixes (mt.inference's
         PrefixFile). Returns (lines, output tokens)."""
-        decode, done, n_tokens = decode or self.decode, 0, 0
+        decode, done, n_tokens, held = decode or self.decode, 0, 0, None
         for lines in chunks:
             prefix = prefixes.take(len(lines)) if prefixes is not None else None
+            if held is not None:
+                write_output(out, held)
             _, hyps = self.hypotheses(lines, decode, prefix, first_line=done, where=where)
             texts = self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
-            write_output(out, output_lines(hyps, texts, self.vocabs, decode.nbest, first=done))
+            output = output_lines(hyps, texts, self.vocabs, decode.nbest, first=done)
             done, n_tokens = done + len(lines), n_tokens + sum(len(h[0].tokens) for h in hyps)
+            if prefixes is None:
+                write_output(out, output)
+            else:  # held until the prefixes of the next chunk, or their end, are known to match the input
+                held = output
         if prefixes is not None:
             prefixes.finish()
+            write_output(out, held or [])
         return done, n_tokens
 
     def translate_file(self, src: str | Path, out: str | Path, chunk_lines: int = 10_000, **decode) -> int:

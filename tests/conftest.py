@@ -177,3 +177,14 @@ class HostReads:
 
     def __exit__(self, *exc):
         self.on = False
+
+
+@pytest.fixture(scope="session")
+def toy_run(tmp_path_factory):
+    """A run dir of a toy model trained for 60 updates (its checkpoints hold the model and tokenizers)."""
+    from tests.test_training import make_trainer
+
+    corpus = write_toy_corpus(tmp_path_factory.mktemp("corpus"))
+    run = tmp_path_factory.mktemp("run")
+    make_trainer(corpus, run, max_updates=60, max_epochs=10, lr=5e-3).fit(job_start=0)
+    return run

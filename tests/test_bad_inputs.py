@@ -1,4 +1,4 @@
-"""A catalogue of bad inputs, one row each: data, config, checkpoints and translate.py's files.
+"""A catalogue of bad inputs, one row each: data, config, checkpoints, translate.py's files and serve.py's address.
 
 Every row runs the real entry point in a subprocess against a run dir that already holds a finished run, and
 expects exit code 2, exactly one `error:` line on stderr that names the file, line or key (every other stderr line
@@ -183,6 +183,26 @@ def _other_tokenizer(c, r, t):
     return [f"tokenizer.path={t / 'tokenizer.json'}"], None
 
 
+def _prefixes(text: str):
+    def setup(c, r, t):
+        return [f"checkpoint={r}", f"prefix={write(t / 'prefixes.txt', text)}"], None
+
+    return setup
+
+
+HELD: list = []  # sockets kept open while the row runs
+
+
+def _taken_port(c, r, t):
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    HELD.append(s)
+    return [f"checkpoint={r}", f"port={s.getsockname()[1]}"], None
+
+
 def _references(c, r, t):
     write(t / "refs.yy", "one\ntwo\nthree\n")
     return [f"checkpoint={r}", f"references={t / 'refs.yy'}"], "a dog\nthe cat\n"
@@ -237,6 +257,13 @@ ROWS = [
     ("output_unwritable", "translate", _args(CK, "output=/nonexistent/dir/out.txt"), "output=/nonexistent/dir"),
     ("references_line_count", "translate", _references, "refs.yy has 3 lines but the input has 2"),
     ("references_split_unknown", "translate", _args(CK, "references=no_such_split"), "references=no_such_split"),
+    ("prefix_line_count", "translate", _prefixes("red house\n\n\n"), "prefixes.txt: line 2 has no input line"),
+    ("prefix_too_long", "translate", _prefixes("the " * 40 + "\n"), "prefixes.txt:1: the prefix has 40 tokens"),
+    ("sampling_with_beam", "translate", _args(CK, "decode=sample", "decode.beam_size=4"), "decode.beam_size=1, not 4"),
+    ("topp_out_of_range", "translate", _args(CK, "decode=sample", "decode.topp=0"), "decode.topp=0.0 is outside"),
+    ("port_out_of_range", "serve", _args(CK, "port=99999"), "port=99999 is outside 0-65535"),
+    ("port_taken", "serve", _taken_port, "already in use on 127.0.0.1"),
+    ("host_unknown", "serve", _args(CK, "host=no-such-host.invalid"), "host=no-such-host.invalid: unknown host"),
 ]
 
 
@@ -251,6 +278,8 @@ def test_bad_input_is_one_line_exit_2_and_destroys_nothing(finished, tmp_path, n
     extra = [a.replace(CK, f"checkpoint={run_dir}") for a in extra]
     if entry == "train":
         args = train_args(corpus, run_dir) + extra
+    elif entry == "serve":
+        args = ["serve.py", "device=cpu", *extra]
     else:
         args = ["translate.py", *extra]
         stdin = "a dog\n" if stdin is None else stdin

@@ -131,3 +131,30 @@ def test_a_missing_ctranslate2_is_named_with_its_extra(monkeypatch, tmp_path, ca
     assert capsys.readouterr().err == (
         "error: CTranslate2 is not installed; pip install -e '.[ctranslate2]' (or pip install ctranslate2)\n"
     )
+
+
+def test_a_release_carries_a_model_card(tmp_path):
+    """README.md in the Hugging Face format: YAML front matter (languages, tags, the test report's metrics), the
+    architecture, the training command, the scores with their sacreBLEU signatures, and how to load it."""
+    import yaml
+
+    from mt import Translator
+    from mt.export import export_release
+    from mt.finish import finish
+    from tests.conftest import write_toy_corpus
+    from tests.test_training import make_trainer
+
+    trainer = make_trainer(write_toy_corpus(tmp_path / "corpus"), tmp_path / "run", max_updates=20)
+    trainer.fit(job_start=0)
+    report = finish(trainer)["reports"][0]
+    out = export_release(str(tmp_path / "run"), tmp_path / "release")
+    card = (out / "README.md").read_text()
+    _, front, body = card.split("---\n", 2)
+    meta = yaml.safe_load(front)
+    assert meta["language"] == ["xx", "yy"] and meta["tags"] == ["translation"]
+    metrics = meta["model-index"][0]["results"][0]["metrics"]
+    assert [m["value"] for m in metrics] == [report["bleu"], report["bleu_lowercase"], report["chrf"]]
+    assert f"{sum(p.numel() for p in trainer.model.parameters()):,} parameters" in body
+    assert report["bleu_signature"] in body and report["chrf_signature"] in body
+    assert "Translator.load" in body and "translate.py checkpoint=" in body
+    assert Translator.load(out, device="cpu").translate(["the cat"])  # the directory the card describes loads

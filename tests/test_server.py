@@ -113,3 +113,55 @@ def test_sampling_and_prefixes_over_http(served):
                          ({"prefix": ["a"]}, "1 prefixes for 3 lines")):  # fmt: skip
         r = client.post("/translate", json={"src": src, "sampling": True, **bad})
         assert r.status_code == 422 and message in r.json()["error"], r.json()
+
+
+def test_hostile_requests_are_refused_at_once_and_others_answered_meanwhile(served):
+    """A 10 MB body, a 100,000-character line, bodies that are not UTF-8 or nest 10,000 deep: 4xx with one JSON
+    line, none reaches the decoder (before: a 10 MB body decoded for 19 s, a long line held the worker 13 s), and a
+    normal request sent meanwhile is answered in about its usual time."""
+    import time
+
+    client, *_ = served
+    normal = {"src": ["the cat sees a dog", "big red house"]}
+    start = time.perf_counter()
+    assert client.post("/translate", json=normal).status_code == 200
+    usual = time.perf_counter() - start
+    hostile = [
+        (b'{"src": ["' + b"the cat " * 1_300_000 + b'"]}', 413, "request body over max_body_bytes=1000000"),
+        (('{"src": ["' + "the cat " * 12_500 + '"]}').encode(), 413, "more than max_request_tokens=400"),
+        (b'{"src": ["\xff\xfe"]}', 400, ""),
+        (b"[" * 10_000 + b"]" * 10_000, 400, ""),
+    ]
+    post = lambda body: client.post("/translate", content=body, headers={"content-type": "application/json"})  # noqa: E731
+    with ThreadPoolExecutor(5) as pool:
+        attacks = [pool.submit(post, body) for body, _, _ in hostile * 2]
+        start = time.perf_counter()
+        answer = client.post("/translate", json=normal)
+        meanwhile = time.perf_counter() - start
+        refused = [a.result() for a in attacks]
+    assert answer.status_code == 200 and meanwhile < 3 * usual + 1.0, (usual, meanwhile)
+    for r, (_, status, message) in zip(refused, hostile * 2):
+        assert r.status_code == status and set(r.json()) == {"error"} and message in r.json()["error"], r.text[:200]
+    r = client.get("/nowhere")
+    assert r.status_code == 404 and r.json() == {"error": "Not Found"}
+
+
+def test_served_translations_are_capped(toy_vocab):
+    pairs, vocabs = toy_vocab
+    model = train_tiny(vocabs, pairs)
+    cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=2, max_len_a=3.0, max_len_b=50),
+                      max_output_tokens=4)  # fmt: skip
+    translator = Translator(model, vocabs, cfg.decode, torch.device("cpu"), None, {})
+    with TestClient(create_app(translator, cfg, {})) as client:
+        src = ["the big red house and the small tree and a dog sees a cat"]
+        out = client.post("/translate", json={"src": src, "nbest": 2}).json()["translations"][0]
+    assert all(len(vocabs.tgt.encode(h["text"])) <= 3 for h in out)  # 4 with </s>
+
+
+def test_the_page_is_self_contained(served):
+    client, *_ = served
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    html = page.text
+    assert 'id="src"' in html and 'id="go"' in html and "Ctrl+Enter" in html
+    assert "http://" not in html and "https://" not in html and "<link" not in html  # no CDN, font or stylesheet

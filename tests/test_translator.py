@@ -15,19 +15,9 @@ import torch
 
 from mt.config import ConfigError, DecodeConfig
 from mt.evaluation import translate_ids
-from tests.conftest import ROOT, write_toy_corpus
-from tests.test_training import make_trainer
+from tests.conftest import ROOT
 
 LINES = ["the cat sees a dog", "", "big red house and a tree", "a small dog runs"]
-
-
-@pytest.fixture(scope="module")
-def toy_run(tmp_path_factory):
-    """A run dir of a toy model trained for 60 updates (its checkpoints hold the model and tokenizers)."""
-    corpus = write_toy_corpus(tmp_path_factory.mktemp("corpus"))
-    run = tmp_path_factory.mktemp("run")
-    make_trainer(corpus, run, max_updates=60, max_epochs=10, lr=5e-3).fit(job_start=0)
-    return run
 
 
 def test_translate_as_the_search_does(toy_run):

@@ -1,0 +1,112 @@
+"""The server's page in a real browser: headless Chromium (Debian's chromium and chromium-driver) driven by
+selenium types a sentence, clicks Translate and reads back what the JSON API gives; a screenshot is written beside
+the test output. Marked `browser`; skipped, with the reason, where no browser is installed (.ci/run installs one)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not (CHROMIUM and DRIVER), reason="no Chromium and chromedriver (apt-get install chromium chromium-driver)"
+    ),  # fmt: skip
+]
+
+
+@pytest.fixture
+def server(toy_run):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = subprocess.Popen([sys.executable, "serve.py", f"checkpoint={toy_run}", "device=cpu", f"port={port}"],
+                         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            break
+        except OSError:
+            if p.poll() is not None:
+                pytest.fail(p.stderr.read()[-2000:])
+            time.sleep(0.25)
+    yield url
+    p.terminate()
+    p.wait(timeout=30)
+
+
+@pytest.fixture
+def browser():
+    webdriver = pytest.importorskip("selenium.webdriver")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--window-size=1000,800"):  # fmt: skip
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def api(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url + "/translate", json.dumps(body).encode(), {"content-type": "application/json"}
+    )
+    return json.loads(urllib.request.urlopen(request, timeout=60).read())
+
+
+def test_typing_and_clicking_gives_the_apis_translation(server, browser, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(server)
+    wait = WebDriverWait(browser, 60)
+    wait.until(lambda d: "xx" in d.find_element(By.ID, "model").text)  # the model's languages, from /info
+    box = browser.find_element(By.ID, "src")
+    box.send_keys("the cat sees a dog")
+    browser.find_element(By.ID, "go").click()
+    shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li")] or None)
+    assert shown == api(server, {"src": ["the cat sees a dog"]})["translations"]
+    browser.save_screenshot(str(tmp_path / "page.png"))
+    assert (tmp_path / "page.png").stat().st_size > 1000
+    print("screenshot:", tmp_path / "page.png")
+    # Ctrl+Enter, two lines, and an error from the API shown on the page
+    box.send_keys(Keys.ENTER, "a small tree")
+    browser.find_element(By.ID, "nbest").clear()
+    browser.find_element(By.ID, "nbest").send_keys("99")
+    box.send_keys(Keys.CONTROL, Keys.ENTER)
+    error = wait.until(lambda d: d.find_element(By.ID, "error").text or None)
+    assert error == api_error(server, {"src": ["the cat sees a dog", "a small tree"], "nbest": 99})
+    for field, value in (("nbest", "2"), ("beam", "2")):
+        browser.find_element(By.ID, field).clear()
+        browser.find_element(By.ID, field).send_keys(value)
+    box.send_keys(Keys.CONTROL, Keys.ENTER)
+    wait.until(lambda d: len(d.find_elements(By.CSS_SELECTOR, "#out .nbest li")) == 4)
+    first = browser.find_elements(By.CSS_SELECTOR, "#out > li")[0].find_elements(By.CSS_SELECTOR, "li")[0]
+    body = {"src": ["the cat sees a dog", "a small tree"], "nbest": 2, "beam_size": 2}
+    expected = api(server, body)["translations"][0][0]
+    assert first.text.startswith(expected["text"])
+    Path(tmp_path / "page_nbest.png").write_bytes(browser.get_screenshot_as_png())
+
+
+def api_error(url: str, body: dict) -> str:
+    try:
+        api(url, body)
+    except urllib.error.HTTPError as e:
+        return json.loads(e.read())["error"]
+    pytest.fail("the API accepted a request it should refuse")
