@@ -58,9 +58,9 @@ class CTranslate2Model:
         self, src_ids: list[list[int]], cfg: DecodeConfig, prefixes: list[list[int]] | None = None
     ) -> list[list[Hypothesis]]:
         """Hypotheses for each source (ids without </s>), in input order; `prefixes`: target ids each line's
-        hypotheses start with (CTranslate2's target_prefix). Sampling draws from CTranslate2's own generator,
-        seeded with `cfg.seed` at each call: reproducible for the same input and batching, not line by line as
-        this project's sampling."""
+        hypotheses start with (CTranslate2's target_prefix). Sampling draws from CTranslate2's own generator: its
+        `set_random_seed` (called with `cfg.seed`) does not reach the translator's worker threads (CTranslate2
+        issue 1757), so samples are not reproducible as this project's are."""
         alpha = cfg.length_penalty  # CTranslate2 applies it as score / len^alpha, whatever length_penalty_type says
         groups: dict[int, list[int]] = defaultdict(list)
         out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]  # empty in, empty out

@@ -92,6 +92,7 @@ def test_the_first_tokens_drawn_follow_the_tempered_softmax(spread, temperature)
     chi2 = float(((observed - expect) ** 2 / expect).sum())
     dof = len(observed) - 1
     p_value = float(torch.special.gammaincc(torch.tensor(dof / 2), torch.tensor(chi2 / 2)))
+    print(f"temperature {temperature}: chi2 {chi2:.1f} on {dof} degrees of freedom, p = {p_value:.3f}")
     assert dof >= 10 and p_value > 0.01, f"chi2 {chi2:.1f} on {dof} degrees of freedom, p = {p_value:.4f}"
     assert counts[PAD] == counts[BOS] == 0
 
