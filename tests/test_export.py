@@ -77,7 +77,7 @@ def test_release_loads_without_pickle_and_equals_the_checkpoint(toy_corpus, tmp_
     trainer = make_trainer(toy_corpus, tmp_path / "run", max_updates=3)
     trainer.fit(time.time())
     out = export_release(str(tmp_path / "run" / "checkpoint_last.pt"), tmp_path / "release")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
     with safe_open(str(out / "model.safetensors"), "pt") as f:  # the tied matrix is stored once
         assert sum(k.endswith("tokens.weight") or k == "output.weight" for k in f.keys()) == 1
     reference, _ = checkpoint.build_model(checkpoint.load(tmp_path / "run" / "checkpoint_last.pt"))

@@ -50,6 +50,9 @@ def test_a_lines_samples_depend_on_the_seed_and_its_line_number_alone(toy):
     assert tokens(translate_ids(model, src, replace(cfg, max_tokens=8), cpu, None)) == whole
     assert tokens(translate_ids(model, src, replace(cfg, max_tokens=100_000), cpu, None)) == whole
     assert tokens(translate_ids(model, src[40:60], cfg, cpu, None, line_numbers=list(range(40, 60)))) == whole[40:60]
+    order = list(range(len(src)))[::-1]  # the lines in another order, each keeping its number
+    shuffled = tokens(translate_ids(model, [src[i] for i in order], cfg, cpu, None, line_numbers=order))
+    assert [shuffled[order.index(i)] for i in range(len(src))] == whole
     alone = [tokens(translate_ids(model, [src[i]], cfg, cpu, None, line_numbers=[i]))[0] for i in (0, 7, 99)]
     assert alone == [whole[0], whole[7], whole[99]]
     other = tokens(translate_ids(model, src, replace(cfg, seed=12), cpu, None))
