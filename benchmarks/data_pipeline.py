@@ -25,8 +25,11 @@ sys.path.insert(0, str(ROOT))
 from mt import data  # noqa: E402
 from mt.batching import BatchLoader, make_batches  # noqa: E402
 from mt.config import DataConfig, TokenizerConfig  # noqa: E402
-from mt.corpus import make_sampler  # noqa: E402
-from mt.tokenizer import build_vocabs, tokenize  # noqa: E402
+from mt.corpus import (  # noqa: E402
+    build_vocabs,
+    make_sampler,  # noqa: E402
+    tokenize,
+)
 
 
 def main() -> None:

@@ -97,8 +97,8 @@ def toy_vocab(tmp_path_factory):
     """The toy corpus (yy = xx's words reversed) and its BPE."""
     import datasets
 
+    from mt.corpus import build_vocabs
     from mt.data import TextPairs
-    from mt.tokenizer import build_vocabs
 
     corpus = write_toy_corpus(tmp_path_factory.mktemp("corpus"))
     pairs = toy_pairs(corpus)

@@ -171,8 +171,8 @@ def _other_tokenizer(c, r, t):
     import datasets
 
     from mt.config import TokenizerConfig
+    from mt.corpus import build_vocabs
     from mt.data import TextPairs
-    from mt.tokenizer import build_vocabs
 
     words = [" ".join(w[::-1] for w in line.split()) for line in lines_of(c / "train.xx")]
     build_vocabs(

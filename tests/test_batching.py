@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from mt import data
 from mt.batching import TokenBucketSampler, collate, make_batches
 from mt.config import DataConfig, TokenizerConfig
-from mt.tokenizer import BOS, EOS, PAD, build_vocabs, tokenize
+from mt.corpus import build_vocabs, tokenize
+from mt.tokenizer import BOS, EOS, PAD
 from tests.conftest import MULTI30K, needs_multi30k
 
 lengths = st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=1, max_size=300)

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from benchmarks.fuzz_translate import fuzz
 from benchmarks.kill_resume import campaign
 from mt.config import DecodeConfig, TokenizerConfig
+from mt.corpus import build_vocabs
 from mt.data import TextPairs
 from mt.inference import output_lines, split_lines
 from mt.model import Transformer
-from mt.tokenizer import build_vocabs
 from mt.translator import Translator
 from tests.conftest import tiny_model_config, write_toy_corpus
 from tests.test_bad_inputs import run, train_args

@@ -5,7 +5,8 @@ import pytest
 
 from mt import data
 from mt.config import DataConfig, TokenizerConfig
-from mt.tokenizer import BOS, EOS, PAD, UNK, Vocab, build_vocabs, tokenize
+from mt.corpus import build_vocabs, tokenize
+from mt.tokenizer import BOS, EOS, PAD, UNK, Vocab
 from tests.conftest import MULTI30K, needs_multi30k
 
 
