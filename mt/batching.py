@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,6 +74,8 @@ class TokenBucketSampler(Sampler[list[int]]):
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.position = 0, 0  # position: batches of this epoch already handed out on this rank
         self._batches: list[np.ndarray] | None = None
+        # Several corpora mixed by weight: mix(seed, epoch) -> the rows (with repeats) an epoch trains on.
+        self.mix: Callable[[int, int], np.ndarray] | None = None
 
     def oversized(self) -> int:
         """How many examples alone exceed the budget (each gets a batch of its own)."""
@@ -93,8 +95,11 @@ class TokenBucketSampler(Sampler[list[int]]):
 
     def _epoch_batches(self) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, self.epoch])
-        n = len(self.src_lens)
+        rows = self.mix(self.seed, self.epoch) if self.mix is not None else None
+        n = len(self.src_lens) if rows is None else len(rows)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
+        if rows is not None:
+            order = rows[order]
         batches = []
         # Sort key: target length, then source length, in one integer (16 bits when it fits: numpy radix-sorts those).
         key = self.tgt_lens * (int(self.src_lens.max()) + 1) + self.src_lens

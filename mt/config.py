@@ -20,6 +20,27 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class CorpusConfig:
+    """One training corpus of `data.corpora`: where it is (as `data`'s fields say it for the main corpus; unset =
+    the main corpus's value), a tag put before every source sentence, and its weight in the mix."""
+
+    name: str = ""  # default: the dir's name
+    format: str | None = None
+    dir: str | None = None
+    hub_name: str | None = None
+    columns: list[str] | None = None
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    train_split: str | None = None
+    # A special token (e.g. "<bt>", tagged back-translation: Caswell et al. 2019) put at the start of every source
+    # sentence of this corpus; registered in the vocabulary as one id.
+    tag: str | None = None
+    # Pairs drawn per epoch, per pair of the corpus: 2 = every pair twice (upsampling the real data against
+    # back-translations), 0.5 = a different half every epoch.
+    weight: float = 1.0
+
+
+@dataclass
 class DataConfig:
     name: str = MISSING
     # "parallel": {dir}/{split}.{lang}[.gz]; "tsv": {dir}/{split}.tsv (columns in `columns`);
@@ -44,6 +65,9 @@ class DataConfig:
     max_ratio: float = 3.0
     # Where tokenized corpora are cached (datasets' Arrow cache); null = datasets' default.
     cache_dir: str | None = None
+    # Training corpora mixed by weight, each tokenized and cached on its own; empty = the corpus above alone. The
+    # validation and test splits stay the corpus above's (real data, never synthetic).
+    corpora: list[CorpusConfig] = field(default_factory=list)
 
 
 @dataclass
@@ -265,6 +289,7 @@ def validate(cfg: Config) -> None:
     _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "linear", "constant"))
     _choice("train.optimizer", cfg.train.optimizer, ("adam", "adamw"))
     _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
+    validate_corpora(cfg)
     for key, value, low in (
         ("data.max_len", cfg.data.max_len, 1),
         ("data.max_ratio", cfg.data.max_ratio, 1.0),
@@ -373,3 +398,16 @@ def validate_sampling(cfg: DecodeConfig) -> None:
         raise ConfigError(f"decode.topp={cfg.topp} is outside (0, 1]: the probability mass to draw from, 1.0 = all")
     if not cfg.temperature > 0.0:
         raise ConfigError(f"decode.temperature={cfg.temperature} must be above 0 (1.0 = the model's distribution)")
+
+
+def validate_corpora(cfg: Config) -> None:
+    for i, c in enumerate(cfg.data.corpora):
+        where = f"data.corpora[{i}]"
+        if c.format is not None:
+            _choice(f"{where}.format", c.format, ("parallel", "tsv", "jsonl", "hub"))
+        if not c.weight > 0:
+            raise ConfigError(f"{where}.weight={c.weight}: give a weight above 0 (pairs per epoch per pair)")
+        if c.tag is not None and not (len(c.tag) > 2 and c.tag[0] == "<" and c.tag[-1] == ">" and " " not in c.tag):
+            raise ConfigError(f"{where}.tag={c.tag!r}: give a token like <bt> (angle brackets, no spaces)")
+        if c.tag is not None and cfg.tokenizer.path:
+            raise ConfigError(f"{where}.tag needs a tokenizer trained with it; unset tokenizer.path")

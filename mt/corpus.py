@@ -20,7 +20,7 @@ from datasets.arrow_writer import ArrowWriter
 
 from mt import checkpoint, data
 from mt.batching import BatchLoader, TokenBucketSampler
-from mt.config import Config, ConfigError, TokenizerConfig
+from mt.config import Config, ConfigError, DataConfig, TokenizerConfig
 from mt.data import TextPairs
 from mt.tokenizer import (
     TokenizerError,
@@ -36,49 +36,117 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Mix:
+    """Several training corpora in one table: which corpus each row comes from, their weights, and the tag id put
+    before each row's source (-1: none)."""
+
+    part: np.ndarray  # (rows,) corpus index
+    weights: list[float]
+    tags: np.ndarray  # (rows,) tag id or -1
+
+    def epoch_rows(self, seed: int, epoch: int) -> np.ndarray:
+        """The rows an epoch trains on: corpus i's rows int(w_i) times each, and a random fraction w_i - int(w_i)
+        of them once more, drawn from (seed, epoch) alone (a resumed run draws the same)."""
+        rng, out = np.random.default_rng([seed, epoch, 0x6D6978]), []
+        for i, weight in enumerate(self.weights):
+            rows = np.flatnonzero(self.part == i)
+            out += [rows] * int(weight)
+            if extra := round((weight - int(weight)) * len(rows)):
+                out.append(np.sort(rng.choice(rows, size=extra, replace=False)))
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+
+@dataclass
 class Corpus:
     vocabs: Vocabs
     train: datasets.Dataset  # ids and lengths of the pairs kept by the filters
     valid: datasets.Dataset  # tokenized; `src`/`tgt` raw for BLEU
     train_text: data.TextPairs  # the training pairs as text (read again only for BPE-dropout)
     train_rows: np.ndarray  # which of them `train` kept
-    train_lengths: tuple[np.ndarray, np.ndarray]  # `train`'s source and target lengths (no </s>, <s>)
+    train_lengths: tuple[np.ndarray, np.ndarray]  # `train`'s source and target lengths (no </s>, <s>; tags in)
+    mix: Mix | None = None  # with `data.corpora`
+
+
+def training_parts(dc: DataConfig) -> list[tuple[DataConfig, str | None, float]]:
+    """(data config, tag, weight) of each training corpus: `data.corpora`'s, or the main corpus alone."""
+    if not dc.corpora:
+        return [(dc, None, 1.0)]
+    return [(data.corpus_config(dc, c), c.tag, c.weight) for c in dc.corpora]
 
 
 def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
     """Train (or reuse) the BPE, tokenize the training pairs into the cache (or map the cached table), filter them
-    by length; load and tokenize the validation split."""
+    by length; load and tokenize the validation split. With `data.corpora`, BPE learns from all of them (their
+    tags as special tokens), each is tokenized and cached on its own (adding a corpus re-tokenizes only that one),
+    and the training table is theirs end to end, mixed by weight every epoch (`Mix`)."""
     dc = cfg.data
     log.info("data: %s", data.describe(dc))
-    text = data.TextPairs.of_split(dc, dc.train_split)
+    parts = training_parts(dc)
+    texts = [data.TextPairs.of_split(p, p.train_split) for p, _, _ in parts]
+    tags = tuple(sorted({tag for _, tag, _ in parts if tag}))
     resuming = checkpoint.resume_path(cfg.train.resume, run_dir) is not None
-    vocabs = build_vocabs(cfg.tokenizer, text, run_dir, resuming, data.cache_root(dc))
+    every = texts[0] if len(texts) == 1 else data.ChainedPairs(texts)
+    vocabs = build_vocabs(cfg.tokenizer, every, run_dir, resuming, data.cache_root(dc), tags)
     max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
-    tokens = tokenize_pairs(text, vocabs, data.cache_root(dc))
-    src_len, tgt_len = data.length_columns(tokens)
-    rows = data.length_filter(src_len, tgt_len, max_len, dc.max_ratio, text.where)
+    tables, lengths, kept, tag_ids = [], [], [], []
+    for text, (_, tag, _) in zip(texts, parts):
+        tokens = tokenize_pairs(text, vocabs, data.cache_root(dc))
+        src_len, tgt_len = data.length_columns(tokens)
+        src_len = src_len + 1 if tag else src_len  # the tag is a source token too
+        rows = data.length_filter(src_len, tgt_len, max_len, dc.max_ratio, text.where)
+        tables.append(data.select_rows(tokens, rows))
+        lengths.append((src_len[rows], tgt_len[rows]))
+        kept.append(rows)
+        tag_ids.append(np.full(len(rows), vocabs.src.tokenizer.token_to_id(tag) if tag else -1, dtype=np.int64))
     valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
     valid = truncate(tokenize(valid, vocabs), max_len, dc.valid_split)
-    return Corpus(vocabs, data.select_rows(tokens, rows), valid, text, rows, (src_len[rows], tgt_len[rows]))
+    if len(parts) == 1 and not tags:
+        return Corpus(vocabs, tables[0], valid, texts[0], kept[0], lengths[0])
+    part = np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(kept)])
+    mix = Mix(part, [w for _, _, w in parts], np.concatenate(tag_ids))
+    train_lengths = (np.concatenate([s for s, _ in lengths]), np.concatenate([t for _, t in lengths]))
+    for (p, tag, weight), rows in zip(parts, kept):
+        log.info("corpus %s: %d pairs, weight %g%s", p.name, len(rows), weight, f", tag {tag}" if tag else "")
+    return Corpus(vocabs, datasets.concatenate_datasets(tables), valid, every, np.concatenate(kept), train_lengths,
+                  mix)  # fmt: skip
 
 
-def _meta_key(cfg: TokenizerConfig, train_fingerprint: str) -> str:
-    return hashlib.sha256(json.dumps([asdict(cfg), train_fingerprint], sort_keys=True).encode()).hexdigest()[:16]
+class TaggedRows:
+    """A training table whose rows' sources start with their corpus's tag (`Mix.tags`), read like the table."""
+
+    def __init__(self, table: datasets.Dataset, tags: np.ndarray):
+        self.table, self.tags = table, tags
+
+    def __getitem__(self, indices: list[int]) -> dict:
+        rows = self.table[indices]
+        rows["src_ids"] = [[int(t), *s] if t >= 0 else s for t, s in zip(self.tags[indices], rows["src_ids"])]
+        return rows
+
+
+def _meta_key(cfg: TokenizerConfig, train_fingerprint: str, tags: tuple[str, ...] = ()) -> str:
+    what = [asdict(cfg), train_fingerprint, *([list(tags)] if tags else [])]  # (without tags: the keys of before)
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def build_vocabs(
-    cfg: TokenizerConfig, pairs: TextPairs, run_dir: Path, resuming: bool = False, cache: Path | None = None
+    cfg: TokenizerConfig,
+    pairs: TextPairs,
+    run_dir: Path,
+    resuming: bool = False,
+    cache: Path | None = None,
+    tags: tuple[str, ...] = (),
 ) -> Vocabs:
     """Load `cfg.path`; or reuse the run dir's tokenizer, or the one trained on the same corpus with the same
     config in `cache`; or train one on (a sample of) `pairs` and save it in both.
-    `resuming`: the run dir holds a run to continue, whose tokenizer must not be replaced by another."""
+    `resuming`: the run dir holds a run to continue, whose tokenizer must not be replaced by another.
+    `tags`: special tokens the corpora put before their sources, each one id after the fixed four."""
     if cfg.path:
         if not Path(cfg.path).is_file():
             raise TokenizerError(f"tokenizer.path={cfg.path}: no such file; train one by unsetting tokenizer.path")
         vocab = Vocab.from_file(cfg.path)
         log.info("tokenizer: loaded %s (%d types)", cfg.path, len(vocab))
         return Vocabs(vocab, vocab)
-    key = _meta_key(cfg, pairs.fingerprint)
+    key = _meta_key(cfg, pairs.fingerprint, tags)
     meta = run_dir / "tokenizer.meta.json"
     if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
         log.info("tokenizer: reusing %s (data and tokenizer config unchanged)", run_dir)
@@ -98,21 +166,21 @@ def build_vocabs(
         vocabs, record = load_run_vocabs(cfg, shared), json.loads((shared / "tokenizer.meta.json").read_text())
         log.info("tokenizer: reusing the BPE trained on this corpus with this config (%s)", shared)
     else:
-        vocabs, record = _train_vocabs(cfg, pairs, key)
+        vocabs, record = _train_vocabs(cfg, pairs, key, tags)
         if shared is not None:
             _save(vocabs, record, shared)
     _save(vocabs, record, run_dir)
     return vocabs
 
 
-def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str) -> tuple[Vocabs, dict]:
+def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str, tags: tuple[str, ...]) -> tuple[Vocabs, dict]:
     start = time.perf_counter()
     sample, seen = sample_pairs(pairs, cfg.sample_pairs)
     if cfg.joint:
-        vocab = train_vocab(cfg, sample, (0, 1))
+        vocab = train_vocab(cfg, sample, (0, 1), tags)
         vocabs = Vocabs(vocab, vocab)
     else:
-        vocabs = Vocabs(train_vocab(cfg, sample, (0,)), train_vocab(cfg, sample, (1,)))
+        vocabs = Vocabs(train_vocab(cfg, sample, (0,), tags), train_vocab(cfg, sample, (1,)))
     log.info(
         "tokenizer: trained BPE on %d of %d pairs in %.1f s: %d source / %d target types",
         len(sample),
@@ -238,6 +306,7 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
     `train.bpe_dropout`)."""
     tc = cfg.train
     sampler = make_sampler(corpus.train_lengths, tc.max_tokens, tc.seed, True, world, rank)
+    sampler.mix = corpus.mix.epoch_rows if corpus.mix is not None else None
     if n := sampler.oversized():
         longest = int(max(sampler.src_lens.max(), sampler.tgt_lens.max()))
         raise ConfigError(
@@ -246,7 +315,11 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
         )
     ahead = dict(prefetch=2, pin_memory=True) if cuda else {}
     if not tc.bpe_dropout:
-        return sampler, BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler, **ahead), None
+        table = corpus.train.select_columns(["src_ids", "tgt_ids"])
+        rows = TaggedRows(table, corpus.mix.tags) if corpus.mix is not None else table
+        return sampler, BatchLoader(rows, sampler, **ahead), None
+    if corpus.mix is not None:
+        raise ConfigError("train.bpe_dropout with data.corpora is not supported; set train.bpe_dropout=0")
     if len(corpus.train) > BPE_DROPOUT_MAX_PAIRS:
         raise ConfigError(
             f"train.bpe_dropout={tc.bpe_dropout} re-segments every training pair in memory each epoch and sends "

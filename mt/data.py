@@ -7,6 +7,7 @@ streaming pass first, so bad input fails with the file and line instead of a tra
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import hashlib
 import itertools
@@ -18,7 +19,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from mt.config import DataConfig
+from mt.config import CorpusConfig, DataConfig
 
 log = logging.getLogger(__name__)
 
@@ -290,6 +291,28 @@ class TextPairs:
         it = iter(self)
         while chunk := list(itertools.islice(it, size)):
             yield chunk
+
+
+class ChainedPairs(TextPairs):
+    """Several corpora's pairs one after the other (BPE learns from all the training corpora of a mix)."""
+
+    def __init__(self, parts: list[TextPairs]):
+        fingerprint = hashlib.sha256(":".join(p.fingerprint for p in parts).encode()).hexdigest()[:16]
+        super().__init__("+".join(p.where for p in parts), fingerprint)
+        self.parts = parts
+
+    def _all(self) -> Iterator[tuple[str, str]]:
+        for part in self.parts:
+            yield from part
+
+
+def corpus_config(cfg: DataConfig, corpus: CorpusConfig) -> DataConfig:
+    """The DataConfig of one corpus of `data.corpora`: its own fields where set, the main corpus's elsewhere."""
+    own = {k: getattr(corpus, k) for k in ("format", "dir", "hub_name", "columns", "src_lang", "tgt_lang",
+                                           "train_split") if getattr(corpus, k) is not None}  # fmt: skip
+    name = corpus.name or (Path(corpus.dir).name if corpus.dir else cfg.name)
+    fallback = cfg.hub_fallback and corpus.dir is None and corpus.hub_name is None  # the main corpus, re-read
+    return dataclasses.replace(cfg, name=name, corpora=[], hub_fallback=fallback, **own)
 
 
 def cache_root(cfg: DataConfig) -> Path:

@@ -141,13 +141,16 @@ def sample_pairs(pairs: Iterable[tuple[str, str]], k: int, seed: int = 0) -> tup
         w *= math.exp(math.log(rng.random()) / k)
 
 
-def train_vocab(cfg: TokenizerConfig, pairs: list[tuple[str, str]], sides: tuple[int, ...]) -> Vocab:
-    """BPE on the sentences of `pairs` (side 0: source, 1: target), fed in chunks of 2,000 pairs, side by side."""
+def train_vocab(
+    cfg: TokenizerConfig, pairs: list[tuple[str, str]], sides: tuple[int, ...], tags: tuple[str, ...] = ()
+) -> Vocab:
+    """BPE on the sentences of `pairs` (side 0: source, 1: target), fed in chunks of 2,000 pairs, side by side.
+    `tags`: special tokens after the four fixed ones (a corpus's tag, e.g. <bt>), each one id."""
     tok = new_tokenizer(cfg.normalization)
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
         min_frequency=cfg.min_frequency,
-        special_tokens=list(SPECIALS),
+        special_tokens=[*SPECIALS, *tags],
         show_progress=False,
     )
     texts = ([p[side] for p in pairs[i : i + 2000]] for i in range(0, len(pairs), 2000) for side in sides)

@@ -1,0 +1,146 @@
+"""A training set made of several corpora (`data.corpora`): each tokenized and cached on its own, mixed by weight
+every epoch, tagged sources where asked; validation and test stay the main corpus's."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mt import checkpoint
+from mt.config import ConfigError, CorpusConfig, validate
+from mt.corpus import prepare_data, training_batches
+from tests.test_training import make_config, make_trainer
+
+
+def write_other_corpus(out: Path, n: int = 120) -> Path:
+    """A second made-up corpus in the same languages ("synthetic": other sentences, same reversal)."""
+    rng = random.Random(5)
+    words = "the a cat dog sees runs big small red house tree and".split()
+    out.mkdir(parents=True, exist_ok=True)
+    src = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 7))) for _ in range(n)]
+    (out / "train.xx").write_text("\n".join(src) + "\n")
+    (out / "train.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+    return out
+
+
+def mixed_config(corpus: Path, other: Path, run_dir: Path, weights=(2.0, 1.0), tag: str | None = "<bt>", **train):
+    cfg = make_config(corpus, run_dir, **train)
+    corpora = [
+        CorpusConfig(dir=str(corpus), weight=weights[0]),
+        CorpusConfig(dir=str(other), tag=tag, weight=weights[1]),
+    ]
+    return replace(cfg, data=replace(cfg.data, corpora=corpora))
+
+
+def test_an_epoch_draws_each_corpus_by_its_weight(toy_corpus, tmp_path):
+    other = write_other_corpus(tmp_path / "other")
+    cfg = mixed_config(toy_corpus, other, tmp_path / "run", weights=(2.0, 0.5))
+    corpus = prepare_data(cfg, tmp_path / "run", 128)
+    n_real, n_other = (int((corpus.mix.part == i).sum()) for i in (0, 1))
+    assert (n_real, n_other) == (200, 120)
+    sampler, loader, _ = training_batches(corpus, cfg, 1, 0)
+    halves = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        rows = np.concatenate([np.asarray(b) for b in sampler.batches()])
+        counts = np.bincount(corpus.mix.part[rows], minlength=2)
+        assert counts.tolist() == [2 * n_real, n_other // 2]  # every real pair twice, half of the other corpus
+        assert (np.bincount(rows[corpus.mix.part[rows] == 0])[:n_real] == 2).all()
+        halves.append(set(rows[corpus.mix.part[rows] == 1].tolist()))
+    assert halves[0] != halves[1]  # another half every epoch
+    sampler.set_epoch(1)
+    again = np.concatenate([np.asarray(b) for b in sampler.batches()])
+    assert set(again[corpus.mix.part[again] == 1].tolist()) == halves[1]  # from (seed, epoch): a resume sees the same
+
+
+def test_a_tagged_corpus_sources_start_with_the_tag_and_no_other_does(toy_corpus, tmp_path):
+    other = write_other_corpus(tmp_path / "other")
+    cfg = mixed_config(toy_corpus, other, tmp_path / "run")
+    corpus = prepare_data(cfg, tmp_path / "run", 128)
+    tag = corpus.vocabs.src.tokenizer.token_to_id("<bt>")
+    assert tag == 4 and corpus.vocabs.src.encode("<bt> the cat") == [4, *corpus.vocabs.src.encode("the cat")]
+    _, loader, _ = training_batches(corpus, cfg, 1, 0)
+    seen = {0: 0, 1: 0}
+    for batch in loader:
+        for row, src in zip(batch.ids, batch.src.tolist()):
+            part = int(corpus.mix.part[row])
+            seen[part] += 1
+            assert (src[0] == tag) == (part == 1)
+            assert src.count(tag) == (part == 1)
+    assert seen[0] == 400 and seen[1] == 120
+    assert tag not in [t for ids in corpus.valid["src_ids"] for t in ids]
+
+
+def test_validation_and_test_stay_the_main_corpus(toy_corpus, tmp_path):
+    other = write_other_corpus(tmp_path / "other")
+    mixed = prepare_data(mixed_config(toy_corpus, other, tmp_path / "mixed"), tmp_path / "mixed", 128)
+    alone = prepare_data(make_config(toy_corpus, tmp_path / "alone"), tmp_path / "alone", 128)
+    assert mixed.valid["src"] == alone.valid["src"] and mixed.valid["tgt"] == alone.valid["tgt"]
+    assert not set(mixed.valid["src"]) & set((other / "train.xx").read_text().splitlines())
+
+
+def test_adding_a_corpus_tokenizes_only_that_one(toy_corpus, tmp_path, caplog):
+    """With the tokenizer fixed (tokenizer.path), a second run with one corpus more reuses the first corpus's cache."""
+    first = make_trainer(toy_corpus, tmp_path / "first", max_updates=1)
+    tokenizer = tmp_path / "first" / "tokenizer.json"
+    other = write_other_corpus(tmp_path / "other", n=97)
+    cfg = mixed_config(toy_corpus, other, tmp_path / "second", tag=None)
+    cfg = replace(cfg, tokenizer=replace(cfg.tokenizer, path=str(tokenizer)))
+    caplog.clear()
+    corpus = prepare_data(cfg, tmp_path / "second", 128)
+    reused = [r.message for r in caplog.records if "reusing the tokenized corpus" in r.message]
+    written = [r.message for r in caplog.records if "tokenized" in r.message and "pairs in" in r.message]
+    assert len(reused) == 1 and reused[0].startswith(f"{toy_corpus.name}/train")
+    assert len(written) == 1 and written[0].startswith("other/train")
+    assert len(corpus.train) == len(first.corpus.train) + 97
+
+
+def test_a_resume_refuses_a_changed_corpus_list(toy_corpus, tmp_path):
+    other = write_other_corpus(tmp_path / "other")
+    cfg = mixed_config(toy_corpus, other, tmp_path / "run", max_updates=3)
+    from mt.training import Trainer
+
+    Trainer(cfg, prepare_data(cfg, tmp_path / "run", 128), tmp_path / "run").fit(job_start=0)
+    changed = mixed_config(toy_corpus, other, tmp_path / "run", weights=(3.0, 1.0), max_updates=6)
+    trainer = Trainer(changed, prepare_data(changed, tmp_path / "run", 128), tmp_path / "run")
+    with pytest.raises(checkpoint.CheckpointError, match=r"was trained with data.corpora=.*weight': 2.0"):
+        trainer.resume()
+    same = Trainer(cfg, prepare_data(cfg, tmp_path / "run", 128), tmp_path / "run")
+    assert same.resume() and same.update == 3
+
+
+def test_a_mixed_run_resumes_exactly(toy_corpus, tmp_path):
+    from mt.training import Trainer
+    from tests.test_training import params, record_batches
+
+    other = write_other_corpus(tmp_path / "other")
+    runs = {}
+    for name, stops in (("straight", [30]), ("stopped", [11, 30])):
+        for stop in stops:
+            cfg = mixed_config(toy_corpus, other, tmp_path / name, weights=(1.0, 0.5), max_updates=stop)
+            trainer = Trainer(cfg, prepare_data(cfg, tmp_path / name, 128), tmp_path / name)
+            order = record_batches(trainer)
+            trainer.fit(job_start=0)
+            runs.setdefault(name, []).extend(order)
+        runs[name + " params"] = params(trainer)
+    assert runs["straight"] == runs["stopped"] and trainer.epochs_done >= 1
+    a, b = runs["straight params"], runs["stopped params"]
+    assert all((a[k] == b[k]).all() for k in a)
+
+
+@pytest.mark.parametrize(
+    "corpus, message",
+    [
+        (CorpusConfig(dir="x", weight=0.0), r"data.corpora\[0\].weight=0.0: give a weight above 0"),
+        (CorpusConfig(dir="x", tag="bt"), r"data.corpora\[0\].tag='bt': give a token like <bt>"),
+        (CorpusConfig(dir="x", format="csv"), r"data.corpora\[0\].format='csv' is not one of"),
+    ],
+)
+def test_bad_corpora_are_one_line_errors(toy_corpus, tmp_path, corpus, message):
+    cfg = make_config(toy_corpus, tmp_path)
+    with pytest.raises(ConfigError, match=message):
+        validate(replace(cfg, data=replace(cfg.data, corpora=[corpus])))
