@@ -43,10 +43,11 @@ def main(dcfg: DictConfig) -> None:
         cfg: ServeConfig = to_dataclass(dcfg)
         ckpt = checkpoint.load(cfg.checkpoint)
         cfg.decode = run_decode_settings(cfg.decode, ckpt, list(HydraConfig.get().overrides.task))
-        translator = Translator.open([ckpt], cfg.decode, pick_device(cfg.device), cfg.precision)
+        translator = Translator.open([ckpt], cfg.decode, pick_device(cfg.device), cfg.precision, tgt_lang=cfg.tgt_lang)
         data = (ckpt.get("config") or {}).get("data", {})
         info = {"model": ckpt["path"], "engine": type(translator.model).__name__, "src_lang": data.get("src_lang"),
-                "tgt_lang": data.get("tgt_lang"), "test_scores": test_scores(ckpt["path"]),
+                "tgt_lang": data.get("tgt_lang"), "target_languages": sorted(translator.targets),
+                "test_scores": test_scores(ckpt["path"]),
                 "model_config": ckpt["model_args"]}  # fmt: skip
         app = create_app(translator, cfg, info)
         sock = listening_socket(cfg.host, cfg.port)

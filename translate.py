@@ -49,7 +49,8 @@ def main(dcfg: DictConfig) -> None:
             d.length_penalty_type,
             d.length_penalty,
         )
-        translator = Translator.open(ckpts, d, pick_device(cfg.device), cfg.precision, bool(cfg.plot_attention))
+        translator = Translator.open(ckpts, d, pick_device(cfg.device), cfg.precision, bool(cfg.plot_attention),
+                                     cfg.tgt_lang)  # fmt: skip
         if cfg.references or cfg.plot_attention:  # these need the whole input
             translate_whole(cfg, translator)
         else:

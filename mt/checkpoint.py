@@ -112,7 +112,8 @@ RESUMABLE = ("optimizer", "scheduler", "scaler", "sampler")  # objects with stat
 # What a resumed run must share with the run that wrote its checkpoint: what decides its batches and its updates.
 # The budget, validation, logging, device, precision and decoding may change between stretches of a run.
 RESUME_KEYS = {
-    "data": ("name", "format", "src_lang", "tgt_lang", "columns", "train_split", "max_len", "max_ratio", "corpora"),
+    "data": ("name", "format", "src_lang", "tgt_lang", "columns", "train_split", "max_len", "max_ratio", "corpora",
+             "directions"),
     "tokenizer": ("vocab_size", "joint", "min_frequency", "normalization", "sample_pairs"),
     "train": ("seed", "max_tokens", "accumulate", "optimizer", "lr", "schedule", "noam_scale", "warmup",
               "warmup_init_lr", "betas", "adam_eps", "weight_decay", "clip_norm", "label_smoothing", "bpe_dropout"),

@@ -68,6 +68,10 @@ class DataConfig:
     # Training corpora mixed by weight, each tokenized and cached on its own; empty = the corpus above alone. The
     # validation and test splits stay the corpus above's (real data, never synthetic).
     corpora: list[CorpusConfig] = field(default_factory=list)
+    # One model for several directions of a multi-way corpus (Johnson et al. 2017), e.g. [en-de, en-fr, en-cs]:
+    # each direction's sources start with the target-language token <2de>; every direction is validated and
+    # tested (selection on the mean). Empty = the one direction src_lang -> tgt_lang.
+    directions: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -207,6 +211,7 @@ class TranslateConfig:
     output: str = "-"  # a file, or - for stdout
     # A file of target prefixes, one per input line (an empty line = none): each translation starts with its prefix.
     prefix: str | None = None
+    tgt_lang: str | None = None  # the target language of a multilingual model (data.directions); others ignore it
     references: str | None = None  # a file, or a split name of the checkpoint's data config (e.g. test_2016_flickr)
     report_dir: str | None = None  # where report.json/md go; default: next to the output
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -221,6 +226,7 @@ class ServeConfig:
     checkpoint: str = MISSING  # a run dir, .pt, release dir or CTranslate2 export
     host: str = "127.0.0.1"
     port: int = 8080
+    tgt_lang: str | None = None  # a multilingual model's default target language (a request's "tgt_lang" wins)
     device: str = "auto"
     precision: str = "fp32"
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # the run's settings unless given as decode.*
@@ -400,7 +406,19 @@ def validate_sampling(cfg: DecodeConfig) -> None:
         raise ConfigError(f"decode.temperature={cfg.temperature} must be above 0 (1.0 = the model's distribution)")
 
 
+def parse_direction(direction: str, where: str = "data.directions") -> tuple[str, str]:
+    """ "en-de" -> ("en", "de"), or a one-line ConfigError."""
+    src, _, tgt = direction.partition("-")
+    if not src or not tgt or "-" in tgt or src == tgt:
+        raise ConfigError(f"{where}: {direction!r} is not a direction; write source-target, e.g. en-de")
+    return src, tgt
+
+
 def validate_corpora(cfg: Config) -> None:
+    for direction in cfg.data.directions:
+        parse_direction(direction)
+    if len(set(cfg.data.directions)) != len(cfg.data.directions):
+        raise ConfigError(f"data.directions={cfg.data.directions}: a direction is listed twice")
     for i, c in enumerate(cfg.data.corpora):
         where = f"data.corpora[{i}]"
         if c.format is not None:

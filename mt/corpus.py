@@ -20,7 +20,7 @@ from datasets.arrow_writer import ArrowWriter
 
 from mt import checkpoint, data
 from mt.batching import BatchLoader, TokenBucketSampler
-from mt.config import Config, ConfigError, DataConfig, TokenizerConfig
+from mt.config import Config, ConfigError, CorpusConfig, DataConfig, TokenizerConfig, parse_direction
 from mt.data import TextPairs
 from mt.tokenizer import (
     TokenizerError,
@@ -57,6 +57,22 @@ class Mix:
 
 
 @dataclass
+class Direction:
+    """One direction of a multilingual run: its name ("en-de"), its data config, its target-language token's id,
+    and its validation split (tokenized, the token first)."""
+
+    name: str
+    config: DataConfig
+    tag: int
+    valid: datasets.Dataset
+
+
+def target_token(lang: str) -> str:
+    """The token that asks a multilingual model for `lang` (Johnson et al. 2017)."""
+    return f"<2{lang}>"
+
+
+@dataclass
 class Corpus:
     vocabs: Vocabs
     train: datasets.Dataset  # ids and lengths of the pairs kept by the filters
@@ -64,14 +80,27 @@ class Corpus:
     train_text: data.TextPairs  # the training pairs as text (read again only for BPE-dropout)
     train_rows: np.ndarray  # which of them `train` kept
     train_lengths: tuple[np.ndarray, np.ndarray]  # `train`'s source and target lengths (no </s>, <s>; tags in)
-    mix: Mix | None = None  # with `data.corpora`
+    mix: Mix | None = None  # with `data.corpora` or `data.directions`
+    directions: list[Direction] | None = None  # with `data.directions`; `valid` is then theirs end to end
 
 
 def training_parts(dc: DataConfig) -> list[tuple[DataConfig, str | None, float]]:
-    """(data config, tag, weight) of each training corpus: `data.corpora`'s, or the main corpus alone."""
-    if not dc.corpora:
-        return [(dc, None, 1.0)]
-    return [(data.corpus_config(dc, c), c.tag, c.weight) for c in dc.corpora]
+    """(data config, tag, weight) of each training corpus: each direction of `data.directions` (the main corpus in
+    that direction, its target-language token as tag) and each of `data.corpora`; or the main corpus alone."""
+    parts = [(direction_config(dc, d), target_token(parse_direction(d)[1]), 1.0) for d in dc.directions]
+    parts += [(data.corpus_config(dc, c), c.tag, c.weight) for c in dc.corpora]
+    return parts or [(dc, None, 1.0)]
+
+
+def direction_config(dc: DataConfig, direction: str) -> DataConfig:
+    src, tgt = parse_direction(direction)
+    return data.corpus_config(dc, CorpusConfig(name=f"{dc.name}.{direction}", src_lang=src, tgt_lang=tgt))
+
+
+def with_tag(ds: datasets.Dataset, tag: int) -> datasets.Dataset:
+    """A tokenized table whose sources start with token `tag`."""
+    return ds.map(lambda b: {"src_ids": [[tag, *s] for s in b["src_ids"]], "src_len": [n + 1 for n in b["src_len"]]},
+                  batched=True, desc="tag")  # fmt: skip
 
 
 def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
@@ -98,8 +127,13 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
         lengths.append((src_len[rows], tgt_len[rows]))
         kept.append(rows)
         tag_ids.append(np.full(len(rows), vocabs.src.tokenizer.token_to_id(tag) if tag else -1, dtype=np.int64))
-    valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
-    valid = truncate(tokenize(valid, vocabs), max_len, dc.valid_split)
+    if dc.directions:
+        directions = validation_directions(dc, vocabs, max_len)
+        valid = datasets.concatenate_datasets([d.valid for d in directions])
+    else:
+        directions = None
+        valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
+        valid = truncate(tokenize(valid, vocabs), max_len, dc.valid_split)
     if len(parts) == 1 and not tags:
         return Corpus(vocabs, tables[0], valid, texts[0], kept[0], lengths[0])
     part = np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(kept)])
@@ -108,7 +142,19 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
     for (p, tag, weight), rows in zip(parts, kept):
         log.info("corpus %s: %d pairs, weight %g%s", p.name, len(rows), weight, f", tag {tag}" if tag else "")
     return Corpus(vocabs, datasets.concatenate_datasets(tables), valid, every, np.concatenate(kept), train_lengths,
-                  mix)  # fmt: skip
+                  mix, directions)  # fmt: skip
+
+
+def validation_directions(dc: DataConfig, vocabs: Vocabs, max_len: int) -> list[Direction]:
+    """Each direction's validation split, tokenized, its target-language token first (as in training)."""
+    out = []
+    for name in dc.directions:
+        config = direction_config(dc, name)
+        tag = vocabs.src.tokenizer.token_to_id(target_token(config.tgt_lang))
+        split = data.drop_empty(data.load_split(config, dc.valid_split), f"{config.name}/{dc.valid_split}")
+        valid = with_tag(truncate(tokenize(split, vocabs), max_len - 1, dc.valid_split), tag)
+        out.append(Direction(name, config, tag, valid))
+    return out
 
 
 class TaggedRows:

@@ -62,15 +62,21 @@ def final_candidates(run_dir, average_last: int) -> dict[str, dict]:
 
 
 def evaluate_splits(trainer, splits: list[str], tag: str) -> list[dict]:
-    """Translate each test split with the decode config and write `{split}.hyp` and its report in the run dir.
+    """Translate each test split with the decode config and write `{split}.hyp` and its report in the run dir
+    (multilingual: `{split}.{direction}.hyp` for each direction, the target-language token first in the source).
     In fp32 whatever the training's autocast, as translate.py decodes by default: the report's BLEU is what
     `translate.py checkpoint=RUN_DIR` reproduces."""
     cfg, vocabs, reports = trainer.cfg, trainer.corpus.vocabs, []
-    for split in splits:
-        ds = data.drop_empty(data.load_split(cfg.data, split), f"{cfg.data.name}/{split}")
+    directions = [(d.config, d.tag, f".{d.name}") for d in trainer.corpus.directions or []]
+    for split, (dc, first, suffix) in ((s, d) for s in splits for d in directions or [(cfg.data, None, "")]):
+        ds = data.drop_empty(data.load_split(dc, split), f"{dc.name}/{split}")
         start = time.perf_counter()
         model = trainer.kept_model
-        src_ids = encode_within_positions(vocabs, list(ds["src"]), model.cfg.max_positions - 1)
+        limit = model.cfg.max_positions - 1 - (first is not None)
+        src_ids = encode_within_positions(vocabs, list(ds["src"]), limit)
+        if first is not None:  # the target-language token
+            src_ids = [[first, *s] for s in src_ids]
+        split = split + suffix  # the report's name
         hyps = translate_ids(model, src_ids, cfg.decode, trainer.device, None)
         seconds = time.perf_counter() - start
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])

@@ -50,6 +50,7 @@ class TranslateRequest(BaseModel):
     beam_size: int | None = None
     nbest: int | None = None
     prefix: list[str] | None = None  # one per line ("" = none): each translation starts with its prefix
+    tgt_lang: str | None = None  # a multilingual model's target language
     sampling: bool | None = None  # and its settings (mt.config.DecodeConfig); a request's samples depend on its own
     topk: int | None = None  #     lines and seed only, not on the requests decoded with it
     topp: float | None = None
@@ -229,16 +230,22 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
     @app.post("/translate")
     async def translate(req: TranslateRequest) -> dict:
         decode = _request_decode(req, cfg, translator)
+        try:
+            target = translator.target_id(req.tgt_lang)
+        except ConfigError as e:
+            raise BadRequest(422, str(e)) from None
         src_ids = vocabs.src.encode_batch(req.src)
         n_tokens = sum(len(s) + 1 for s in src_ids)  # before cutting: a 100,000-character line counts in full
         if n_tokens > cfg.max_request_tokens:
             raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
                                   "split the request")  # fmt: skip
-        warnings = []
+        warnings, room = [], limit - (target is not None)  # a multilingual model's <2xx> token comes first
         for i, ids in enumerate(src_ids):
-            if len(ids) > limit:
-                warnings.append(f"src[{i}]: {len(ids)} tokens, truncated to the model's {limit}")
-                src_ids[i] = ids[:limit]
+            if len(ids) > room:
+                warnings.append(f"src[{i}]: {len(ids)} tokens, truncated to the model's {room}")
+                src_ids[i] = ids[:room]
+        if target is not None:
+            src_ids = [[target, *ids] if ids else ids for ids in src_ids]
         try:
             prefixes = translator.encode_prefixes(req.prefix, src_ids, decode)
         except ConfigError as e:

@@ -218,7 +218,15 @@ class Trainer:
         `bleu_subset`: sentences decoded for BLEU, 0 = all; default `train.valid_bleu_subset`."""
         valid, tc, model = self.corpus.valid, self.tc, self.kept_model if model is None else model
         result = validation_loss(model, valid, tc.max_tokens, tc.label_smoothing, self.device, self.amp)
-        if tc.valid_bleu:
+        if tc.valid_bleu and self.corpus.directions:  # each direction's own, and their mean (what selects)
+            for d in self.corpus.directions:
+                k = (tc.valid_bleu_subset if bleu_subset is None else bleu_subset) or len(d.valid)
+                scores = self.bleu(d.valid.select(range(min(k, len(d.valid)))), self.cfg.decode, model)
+                result.update({f"{key}_{d.name}": value for key, value in scores.items()})
+            for key in ("valid_bleu", "valid_chrf", "valid_decode_s"):
+                values = [result[f"{key}_{d.name}"] for d in self.corpus.directions]
+                result[key] = sum(values) if key == "valid_decode_s" else sum(values) / len(values)
+        elif tc.valid_bleu:
             k = (tc.valid_bleu_subset if bleu_subset is None else bleu_subset) or len(valid)
             result.update(self.bleu(valid.select(range(min(k, len(valid)))), self.cfg.decode, model))
         return result

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -44,6 +45,12 @@ log = logging.getLogger(__name__)
 DECODE_KEYS = {f.name for f in dataclasses.fields(DecodeConfig)}
 
 
+def target_tokens(vocabs) -> dict[str, int]:
+    """{language: id} of the target-language tokens (<2de>, ...) a multilingual model's vocabulary holds."""
+    added = vocabs.src.tokenizer.get_added_tokens_decoder()
+    return {t.content[2:-1]: i for i, t in added.items() if re.fullmatch(r"<2[^<>\s]+>", t.content)}
+
+
 def decode_settings(saved: dict | None, overrides: dict) -> DecodeConfig:
     """The decoding settings a checkpoint's run saved (its recipe's beam and length penalty), with `overrides` on
     top; an unknown name or a bad value is a one-line ConfigError."""
@@ -62,26 +69,60 @@ class Translator:
     def __init__(self, model, vocabs, decode: DecodeConfig, device: torch.device, amp, ckpt: dict):
         self.model, self.vocabs, self.decode, self.device, self.amp = model, vocabs, decode, device, amp
         self.checkpoint = ckpt  # the (first) checkpoint's dict: "path", "config", "model_args"
+        self.targets = target_tokens(vocabs)  # a multilingual model's {language: its <2xx> token's id}
+        self.tgt_lang: str | None = None  # the default target language of a multilingual model
 
     @classmethod
-    def load(cls, path: str | Path | list, device: str = "auto", precision: str = "fp32", **decode) -> Translator:
+    def load(
+        cls,
+        path: str | Path | list,
+        device: str = "auto",
+        precision: str = "fp32",
+        tgt_lang: str | None = None,
+        **decode,
+    ) -> Translator:
         """Load `path`: a run dir (its final checkpoint), a .pt file, a release dir, a CTranslate2 export, or a list
         of the first three (an ensemble). `device`: auto | cpu | cuda[:N]; `precision`: fp32 | bf16 | fp16 | auto;
-        `decode`: any decode.* setting (beam_size=5, length_penalty=1.0, max_tokens=8000, sampling=True, ...),
-        on top of the settings the run saved."""
+        `tgt_lang`: the language a multilingual model translates into unless `translate` says otherwise (a
+        bilingual model ignores it); `decode`: any decode.* setting (beam_size=5, length_penalty=1.0,
+        max_tokens=8000, sampling=True, ...), on top of the settings the run saved."""
         ckpts = [checkpoint.load(p) for p in checkpoint_list(path)]
         settings = decode_settings((ckpts[0].get("config") or {}).get("decode"), decode)
-        return cls.open(ckpts, settings, pick_device(device), precision)
+        return cls.open(ckpts, settings, pick_device(device), precision, tgt_lang=tgt_lang)
 
     @classmethod
-    def open(cls, ckpts: list[dict], decode: DecodeConfig, device: torch.device, precision: str, plot: bool = False):
+    def open(
+        cls,
+        ckpts: list[dict],
+        decode: DecodeConfig,
+        device: torch.device,
+        precision: str,
+        plot: bool = False,
+        tgt_lang: str | None = None,
+    ) -> Translator:
         """From loaded checkpoints (translate.py and serve.py, which take their settings from Hydra)."""
         if len(ckpts) == 1:
             model, vocabs, amp = load_translator(ckpts[0], decode, precision, device, plot)
         else:
             model, vocabs, amp = load_ensemble(ckpts, decode, precision, device, plot)
             log.info("ensemble of %d models", len(ckpts))
-        return cls(model, vocabs, decode, device, amp, ckpts[0])
+        translator = cls(model, vocabs, decode, device, amp, ckpts[0])
+        if tgt_lang is not None and translator.targets:
+            translator.target_id(tgt_lang)  # an unknown language fails now, before any input is read
+        translator.tgt_lang = tgt_lang
+        return translator
+
+    def target_id(self, tgt_lang: str | None = None) -> int | None:
+        """The <2xx> token to put before the sources: None for a bilingual model; for a multilingual one,
+        `tgt_lang`'s (or the default's), a one-line error when it is missing or unknown."""
+        if not self.targets:
+            return None
+        lang = tgt_lang or self.tgt_lang
+        if lang not in self.targets:
+            known = ", ".join(sorted(self.targets))
+            what = f"tgt_lang={lang}: not a language of" if lang else "tgt_lang is needed by"
+            raise ConfigError(f"{what} this multilingual model; give one of {known}")
+        return self.targets[lang]
 
     @property
     def limit(self) -> int:
@@ -117,14 +158,24 @@ class Translator:
         prefixes: list[str] | None = None,
         first_line: int = 0,
         where: str = "prefix",
+        tgt_lang: str | None = None,
     ) -> tuple[list[list[int]], list[list[Hypothesis]]]:
         """(source ids, hypotheses best first) of raw lines, in input order; `first_line`: the number of
-        `lines[0]` in its input (0-based), which with `decode.seed` decides its samples."""
+        `lines[0]` in its input (0-based), which with `decode.seed` decides its samples; `tgt_lang`: a
+        multilingual model's target language (default: the translator's)."""
         decode = decode or self.decode
-        src_ids = encode_within_positions(self.vocabs, lines, self.limit)
+        src_ids = self.encode_sources(lines, tgt_lang)
         prefix_ids = self.encode_prefixes(prefixes, src_ids, decode, where, first_line)
         numbers = list(range(first_line, first_line + len(lines)))
         return src_ids, decode_ids(self.model, src_ids, decode, self.device, self.amp, prefix_ids, numbers)
+
+    def encode_sources(self, lines: list[str], tgt_lang: str | None = None) -> list[list[int]]:
+        """Source ids within the model's positions, a multilingual model's target-language token first (empty
+        lines stay empty: empty in, empty out)."""
+        target = self.target_id(tgt_lang)
+        if target is None:
+            return encode_within_positions(self.vocabs, lines, self.limit)
+        return [[target, *s] if s else s for s in encode_within_positions(self.vocabs, lines, self.limit - 1)]
 
     def translate(
         self,
@@ -138,18 +189,20 @@ class Translator:
         temperature: float | None = None,
         seed: int | None = None,
         prefix: list[str] | None = None,
+        tgt_lang: str | None = None,
     ) -> list[str] | list[list[tuple[str, float]]]:
         """Translations of `lines` (a list of strings), one per line: a string, or with `nbest` > 1 a list of
         (translation, score) best first. Unset arguments keep the loaded settings: `beam_size`, `nbest` (beams
         kept, or samples drawn), `sampling` with `topk` (0 = all tokens), `topp` (1.0 = all), `temperature` and
-        `seed`; `prefix`: one target prefix per line ("" = none) each translation starts with."""
+        `seed`; `prefix`: one target prefix per line ("" = none) each translation starts with; `tgt_lang`: a
+        multilingual model's target language (default: the one given at load)."""
         if isinstance(lines, str) or not all(isinstance(line, str) for line in lines):
             raise ConfigError("translate: give a list of strings (one sentence each), e.g. translate(['A dog.'])")
         if sampling and beam_size is None:  # sampling draws one token at a time: not the loaded beam size
             beam_size = 1
         decode = self.settings(beam_size=beam_size, nbest=nbest, sampling=sampling, topk=topk, topp=topp,
                                temperature=temperature, seed=seed)  # fmt: skip
-        _, hyps = self.hypotheses(list(lines), decode, prefix)
+        _, hyps = self.hypotheses(list(lines), decode, prefix, tgt_lang=tgt_lang)
         if decode.nbest == 1:
             return self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
         return [[(self.vocabs.tgt.decode(h.tokens), h.score) for h in hs] for hs in hyps]
@@ -199,7 +252,7 @@ class Translator:
         corpus filtering and reranking use it; lines longer than the model are cut as in translation."""
         if len(src_lines) != len(tgt_lines):
             raise ConfigError(f"score: {len(src_lines)} source lines but {len(tgt_lines)} target lines; give pairs")
-        src = encode_within_positions(self.vocabs, list(src_lines), self.limit)
+        src = self.encode_sources(list(src_lines))
         tgt = [t[: self.limit] for t in self.vocabs.tgt.encode_batch(list(tgt_lines))]
         if isinstance(self.model, CTranslate2Model):
             return self.model.score_ids(src, tgt)

@@ -3,6 +3,7 @@ every epoch, tagged sources where asked; validation and test stay the main corpu
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -144,3 +145,88 @@ def test_bad_corpora_are_one_line_errors(toy_corpus, tmp_path, corpus, message):
     cfg = make_config(toy_corpus, tmp_path)
     with pytest.raises(ConfigError, match=message):
         validate(replace(cfg, data=replace(cfg.data, corpora=[corpus])))
+
+
+# ------------------------------------------------------------------ multilingual
+
+
+def write_multiway_corpus(out: Path) -> Path:
+    """xx sentences with two translations: yy (the words reversed) and zz (the words doubled)."""
+    rng = random.Random(3)
+    words = "the a cat dog sees runs big small red house tree and".split()
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 7))) for _ in range(n)]
+        (out / f"{split}.xx").write_text("\n".join(src) + "\n")
+        (out / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+        (out / f"{split}.zz").write_text("\n".join(" ".join(w + w for w in s.split()) for s in src) + "\n")
+    return out
+
+
+def multilingual_config(corpus: Path, run_dir: Path, **train):
+    cfg = make_config(corpus, run_dir, **train)
+    return replace(cfg, data=replace(cfg.data, directions=["xx-yy", "xx-zz"]),
+                   tokenizer=replace(cfg.tokenizer, vocab_size=90))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def multilingual_run(tmp_path_factory):
+    """A multilingual toy run (xx->yy, xx->zz), trained, validated and tested."""
+    from mt.finish import finish
+    from mt.training import Trainer
+
+    corpus = write_multiway_corpus(tmp_path_factory.mktemp("multiway"))
+    run = tmp_path_factory.mktemp("multilingual")
+    cfg = multilingual_config(corpus, run, max_updates=200, max_epochs=20, lr=5e-3, valid_bleu=True)
+    trainer = Trainer(cfg, prepare_data(cfg, run, 128), run)
+    trainer.fit(job_start=0)
+    return run, trainer, finish(trainer)
+
+
+def test_each_direction_is_tagged_with_its_target_language(multilingual_run):
+    _, trainer, _ = multilingual_run
+    corpus = trainer.corpus
+    tags = {lang: corpus.vocabs.src.tokenizer.token_to_id(f"<2{lang}>") for lang in ("yy", "zz")}
+    assert sorted(tags.values()) == [4, 5] and [d.name for d in corpus.directions] == ["xx-yy", "xx-zz"]
+    _, loader, _ = training_batches(corpus, trainer.cfg, 1, 0)
+    firsts = {}
+    for batch in loader:
+        for row, src in zip(batch.ids, batch.src.tolist()):
+            firsts.setdefault(int(corpus.mix.part[row]), set()).add(src[0])
+    assert firsts == {0: {tags["yy"]}, 1: {tags["zz"]}}
+    for d in corpus.directions:
+        assert {ids[0] for ids in d.valid["src_ids"]} == {tags[d.config.tgt_lang]}
+
+
+def test_every_direction_is_validated_and_tested(multilingual_run):
+    run, _, finished = multilingual_run
+    records = [r for r in (json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())
+               if r["kind"] == "valid"]  # fmt: skip
+    last = records[-1]
+    assert last["valid_bleu"] == pytest.approx((last["valid_bleu_xx-yy"] + last["valid_bleu_xx-zz"]) / 2)
+    assert [r["name"] for r in finished["reports"]] == ["test.xx-yy", "test.xx-zz"]
+    assert (run / "test.xx-yy.report.json").is_file() and (run / "test.xx-zz.hyp").is_file()
+    print([(r["name"], r["bleu"], r["chrf"]) for r in finished["reports"]])
+    assert min(r["chrf"] for r in finished["reports"]) > 20  # it learned something in both directions
+
+
+def test_a_multilingual_model_needs_its_target_language(multilingual_run, tmp_path):
+    from mt import Translator
+    from mt.export import export_ctranslate2, export_release
+
+    run, trainer, _ = multilingual_run
+    with pytest.raises(ConfigError, match=r"^tgt_lang is needed by this multilingual model; give one of yy, zz$"):
+        Translator.load(run, device="cpu").translate(["the cat"])
+    with pytest.raises(ConfigError, match=r"^tgt_lang=de: not a language of this multilingual model"):
+        Translator.load(run, device="cpu", tgt_lang="de")
+    model = Translator.load(run, device="cpu", tgt_lang="yy", beam_size=1, length_penalty=0.0)
+    src = ["the cat sees a dog", "a big red house"]
+    yy, zz = model.translate(src), model.translate(src, tgt_lang="zz")
+    assert yy != zz
+    release = Translator.load(export_release(str(run), tmp_path / "release"), device="cpu", tgt_lang="yy",
+                              beam_size=1, length_penalty=0.0)  # fmt: skip
+    assert release.targets == model.targets and release.translate(src) == yy
+    pytest.importorskip("ctranslate2")
+    ct2 = Translator.load(export_ctranslate2(str(run), tmp_path / "ct2"), device="cpu", tgt_lang="zz", beam_size=1,
+                          length_penalty=0.0)  # fmt: skip
+    assert ct2.targets == model.targets and ct2.translate(src) == zz
