@@ -51,6 +51,7 @@ def main(dcfg: DictConfig) -> None:
         )
         translator = Translator.open(ckpts, d, pick_device(cfg.device), cfg.precision, bool(cfg.plot_attention),
                                      cfg.tgt_lang)  # fmt: skip
+        translator.target_id()  # a multilingual model without tgt_lang: the one-line error before reading input
         if cfg.references or cfg.plot_attention:  # these need the whole input
             translate_whole(cfg, translator)
         else:

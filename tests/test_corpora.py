@@ -230,3 +230,21 @@ def test_a_multilingual_model_needs_its_target_language(multilingual_run, tmp_pa
     ct2 = Translator.load(export_ctranslate2(str(run), tmp_path / "ct2"), device="cpu", tgt_lang="zz", beam_size=1,
                           length_penalty=0.0)  # fmt: skip
     assert ct2.targets == model.targets and ct2.translate(src) == zz
+
+
+def test_translate_py_asks_a_multilingual_model_for_its_target_language(multilingual_run):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    run = multilingual_run[0]
+    cmd = [sys.executable, "translate.py", f"checkpoint={run}", "device=cpu"]
+    missing = subprocess.run(cmd, cwd=ROOT, input="the cat\n", capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.strip().splitlines()[-1] == (
+        "error: tgt_lang is needed by this multilingual model; give one of yy, zz"
+    )
+    given = subprocess.run([*cmd, "tgt_lang=zz"], cwd=ROOT, input="the cat\n\n", capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert given.returncode == 0 and len(given.stdout.splitlines()) == 2 and given.stdout.splitlines()[1] == ""

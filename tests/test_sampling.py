@@ -49,6 +49,7 @@ def test_a_lines_samples_depend_on_the_seed_and_its_line_number_alone(toy):
     whole = tokens(translate_ids(model, src, cfg, cpu, None))
     assert tokens(translate_ids(model, src, replace(cfg, max_tokens=8), cpu, None)) == whole
     assert tokens(translate_ids(model, src, replace(cfg, max_tokens=100_000), cpu, None)) == whole
+    assert tokens(translate_ids(model, src, replace(cfg, use_cache=False), cpu, None)) == whole  # with or without KV
     assert tokens(translate_ids(model, src[40:60], cfg, cpu, None, line_numbers=list(range(40, 60)))) == whole[40:60]
     order = list(range(len(src)))[::-1]  # the lines in another order, each keeping its number
     shuffled = tokens(translate_ids(model, [src[i] for i in order], cfg, cpu, None, line_numbers=order))
