@@ -20,7 +20,8 @@ def _pyplot():
 
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
-    """Training loss, validation loss and validation BLEU against updates, from metrics.jsonl."""
+    """Training loss, validation loss and validation BLEU (a multilingual run's per direction too) against updates,
+    from metrics.jsonl."""
     plt = _pyplot()
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
     train = [r for r in records if r["kind"] == "train"]
@@ -40,7 +41,11 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
         for key, style, label in (("valid_bleu", "o-", "weight average"), ("raw_valid_bleu", "o--", "raw weights")):
             if any(key in r for r in valid):
                 ax2.plot([r["update"] for r in valid], [r.get(key, float("nan")) for r in valid], style, label=label)
-        if raw:
+        directions = sorted({k[len("valid_bleu_") :] for r in valid for k in r if k.startswith("valid_bleu_")})
+        for name in directions:  # a multilingual run: each direction beside their mean
+            ax2.plot([r["update"] for r in valid], [r.get(f"valid_bleu_{name}", float("nan")) for r in valid], ".:",
+                     label=name)  # fmt: skip
+        if raw or directions:
             ax2.legend()
         ax2.set_ylabel("valid BLEU")
     ax2.set_xlabel("update")

@@ -206,6 +206,7 @@ def test_every_direction_is_validated_and_tested(multilingual_run):
     assert last["valid_bleu"] == pytest.approx((last["valid_bleu_xx-yy"] + last["valid_bleu_xx-zz"]) / 2)
     assert [r["name"] for r in finished["reports"]] == ["test.xx-yy", "test.xx-zz"]
     assert (run / "test.xx-yy.report.json").is_file() and (run / "test.xx-zz.hyp").is_file()
+    assert (run / "training_curves.png").stat().st_size > 1000  # the directions' curves beside their mean
     print([(r["name"], r["bleu"], r["chrf"]) for r in finished["reports"]])
     assert min(r["chrf"] for r in finished["reports"]) > 20  # it learned something in both directions
 
