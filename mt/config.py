@@ -417,6 +417,8 @@ def parse_direction(direction: str, where: str = "data.directions") -> tuple[str
 def validate_corpora(cfg: Config) -> None:
     for direction in cfg.data.directions:
         parse_direction(direction)
+    if cfg.data.directions and not cfg.tokenizer.joint:
+        raise ConfigError("data.directions needs one joint vocabulary for all languages; set tokenizer.joint=true")
     if len(set(cfg.data.directions)) != len(cfg.data.directions):
         raise ConfigError(f"data.directions={cfg.data.directions}: a direction is listed twice")
     for i, c in enumerate(cfg.data.corpora):

@@ -29,6 +29,7 @@ from mt.tokenizer import (
     load_run_vocabs,
     sample_pairs,
     train_vocab,
+    train_vocab_on,
     with_bpe_dropout,
 )
 
@@ -115,7 +116,8 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
     tags = tuple(sorted({tag for _, tag, _ in parts if tag}))
     resuming = checkpoint.resume_path(cfg.train.resume, run_dir) is not None
     every = texts[0] if len(texts) == 1 else data.ChainedPairs(texts)
-    vocabs = build_vocabs(cfg.tokenizer, every, run_dir, resuming, data.cache_root(dc), tags)
+    languages = [(t, p.src_lang, p.tgt_lang) for t, (p, _, _) in zip(texts, parts)] if dc.directions else None
+    vocabs = build_vocabs(cfg.tokenizer, every, run_dir, resuming, data.cache_root(dc), tags, languages)
     max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
     tables, lengths, kept, tag_ids = [], [], [], []
     for text, (_, tag, _) in zip(texts, parts):
@@ -169,8 +171,9 @@ class TaggedRows:
         return rows
 
 
-def _meta_key(cfg: TokenizerConfig, train_fingerprint: str, tags: tuple[str, ...] = ()) -> str:
-    what = [asdict(cfg), train_fingerprint, *([list(tags)] if tags else [])]  # (without tags: the keys of before)
+def _meta_key(cfg: TokenizerConfig, train_fingerprint: str, tags: tuple[str, ...] = (), balanced: bool = False) -> str:
+    what = [asdict(cfg), train_fingerprint, *([list(tags)] if tags else []), *(["balanced"] if balanced else [])]
+    # (without tags or balance: the keys of before)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -181,18 +184,21 @@ def build_vocabs(
     resuming: bool = False,
     cache: Path | None = None,
     tags: tuple[str, ...] = (),
+    languages: list[tuple[TextPairs, str, str]] | None = None,
 ) -> Vocabs:
     """Load `cfg.path`; or reuse the run dir's tokenizer, or the one trained on the same corpus with the same
     config in `cache`; or train one on (a sample of) `pairs` and save it in both.
     `resuming`: the run dir holds a run to continue, whose tokenizer must not be replaced by another.
-    `tags`: special tokens the corpora put before their sources, each one id after the fixed four."""
+    `tags`: special tokens the corpora put before their sources, each one id after the fixed four. `languages`:
+    (pairs, source language, target language) of a multilingual run's directions, for a joint BPE whose sample
+    is balanced across languages (`balanced_sample`)."""
     if cfg.path:
         if not Path(cfg.path).is_file():
             raise TokenizerError(f"tokenizer.path={cfg.path}: no such file; train one by unsetting tokenizer.path")
         vocab = Vocab.from_file(cfg.path)
         log.info("tokenizer: loaded %s (%d types)", cfg.path, len(vocab))
         return Vocabs(vocab, vocab)
-    key = _meta_key(cfg, pairs.fingerprint, tags)
+    key = _meta_key(cfg, pairs.fingerprint, tags, balanced=bool(languages))
     meta = run_dir / "tokenizer.meta.json"
     if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
         log.info("tokenizer: reusing %s (data and tokenizer config unchanged)", run_dir)
@@ -212,7 +218,9 @@ def build_vocabs(
         vocabs, record = load_run_vocabs(cfg, shared), json.loads((shared / "tokenizer.meta.json").read_text())
         log.info("tokenizer: reusing the BPE trained on this corpus with this config (%s)", shared)
     else:
-        vocabs, record = _train_vocabs(cfg, pairs, key, tags)
+        vocabs, record = (
+            _train_vocabs(cfg, pairs, key, tags) if not languages else _train_balanced(cfg, languages, key, tags)
+        )
         if shared is not None:
             _save(vocabs, record, shared)
     _save(vocabs, record, run_dir)
@@ -236,6 +244,31 @@ def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str, tags: tuple[
         len(vocabs.tgt),
     )
     return vocabs, {"key": key, "config": asdict(cfg), "pairs": seen, "sampled_pairs": len(sample)}
+
+
+def balanced_sample(languages: list[tuple[TextPairs, str, str]], k: int) -> dict[str, list[str]]:
+    """Up to `k` sentences of each language, from the first direction it appears in: in [en-de, en-fr, en-cs] English
+    is one language of four, not half of the text as in the directions' pairs."""
+    out: dict[str, list[str]] = {}
+    for pairs, src, tgt in languages:
+        if src in out and tgt in out:
+            continue
+        sample, _ = sample_pairs(pairs, k)
+        for side, lang in ((0, src), (1, tgt)):
+            out.setdefault(lang, [p[side] for p in sample])
+    return out
+
+
+def _train_balanced(cfg: TokenizerConfig, languages, key: str, tags: tuple[str, ...]) -> tuple[Vocabs, dict]:
+    start = time.perf_counter()
+    texts = balanced_sample(languages, cfg.sample_pairs)
+    chunks = (sentences[i : i + 2000] for sentences in texts.values() for i in range(0, len(sentences), 2000))
+    vocab = train_vocab_on(cfg, chunks, sum(len(t) for t in texts.values()), tags)
+    counts = {lang: len(t) for lang, t in texts.items()}
+    sentences = ", ".join(f"{n} {lang}" for lang, n in counts.items())
+    seconds = time.perf_counter() - start
+    log.info("tokenizer: trained a joint BPE on %s sentences in %.1f s: %d types", sentences, seconds, len(vocab))
+    return Vocabs(vocab, vocab), {"key": key, "config": asdict(cfg), "sentences": counts}
 
 
 def _save(vocabs: Vocabs, record: dict, dir: Path) -> None:

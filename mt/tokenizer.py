@@ -146,6 +146,12 @@ def train_vocab(
 ) -> Vocab:
     """BPE on the sentences of `pairs` (side 0: source, 1: target), fed in chunks of 2,000 pairs, side by side.
     `tags`: special tokens after the four fixed ones (a corpus's tag, e.g. <bt>), each one id."""
+    texts = ([p[side] for p in pairs[i : i + 2000]] for i in range(0, len(pairs), 2000) for side in sides)
+    return train_vocab_on(cfg, texts, len(pairs) * len(sides), tags)
+
+
+def train_vocab_on(cfg: TokenizerConfig, texts: Iterable[list[str]], n: int, tags: tuple[str, ...] = ()) -> Vocab:
+    """BPE on `texts`, chunks of sentences (`n` sentences in all); see `train_vocab`."""
     tok = new_tokenizer(cfg.normalization)
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
@@ -153,8 +159,7 @@ def train_vocab(
         special_tokens=[*SPECIALS, *tags],
         show_progress=False,
     )
-    texts = ([p[side] for p in pairs[i : i + 2000]] for i in range(0, len(pairs), 2000) for side in sides)
-    tok.train_from_iterator(texts, trainer=trainer, length=len(pairs) * len(sides))
+    tok.train_from_iterator(texts, trainer=trainer, length=n)
     return Vocab(tok)
 
 

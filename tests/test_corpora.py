@@ -194,6 +194,9 @@ def test_each_direction_is_tagged_with_its_target_language(multilingual_run):
         for row, src in zip(batch.ids, batch.src.tolist()):
             firsts.setdefault(int(corpus.mix.part[row]), set()).add(src[0])
     assert firsts == {0: {tags["yy"]}, 1: {tags["zz"]}}
+    # BPE learned from each language once (xx is one language of three, not half of the pairs' text)
+    meta = json.loads((trainer.run_dir / "tokenizer.meta.json").read_text())
+    assert meta["sentences"] == {"xx": 200, "yy": 200, "zz": 200}
     for d in corpus.directions:
         assert {ids[0] for ids in d.valid["src_ids"]} == {tags[d.config.tgt_lang]}
 
