@@ -43,8 +43,9 @@ def multi30k_subset(tmp_path_factory) -> Path:
     return out
 
 
-def write_toy_corpus(out: Path) -> Path:
-    """A made-up parallel corpus: 'xx' sentences and their reversed-word 'yy' translations."""
+def write_toy_corpus(out: Path, multiway: bool = False) -> Path:
+    """A made-up parallel corpus: 'xx' sentences and their reversed-word 'yy' translations (`multiway`: and 'zz',
+    the words doubled)."""
     rng = random.Random(0)
     words = "the a cat dog sees runs big small red house tree and".split()
     out.mkdir(parents=True, exist_ok=True)
@@ -52,6 +53,8 @@ def write_toy_corpus(out: Path) -> Path:
         src = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) for _ in range(n)]
         (out / f"{split}.xx").write_text("\n".join(src) + "\n")
         (out / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+        if multiway:
+            (out / f"{split}.zz").write_text("\n".join(" ".join(w + w for w in s.split()) for s in src) + "\n")
     return out
 
 

@@ -14,6 +14,7 @@ import pytest
 from mt import checkpoint
 from mt.config import ConfigError, CorpusConfig, validate
 from mt.corpus import prepare_data, training_batches
+from tests.conftest import write_toy_corpus
 from tests.test_training import make_config, make_trainer
 
 
@@ -150,19 +151,6 @@ def test_bad_corpora_are_one_line_errors(toy_corpus, tmp_path, corpus, message):
 # ------------------------------------------------------------------ multilingual
 
 
-def write_multiway_corpus(out: Path) -> Path:
-    """xx sentences with two translations: yy (the words reversed) and zz (the words doubled)."""
-    rng = random.Random(3)
-    words = "the a cat dog sees runs big small red house tree and".split()
-    out.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
-        src = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 7))) for _ in range(n)]
-        (out / f"{split}.xx").write_text("\n".join(src) + "\n")
-        (out / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
-        (out / f"{split}.zz").write_text("\n".join(" ".join(w + w for w in s.split()) for s in src) + "\n")
-    return out
-
-
 def multilingual_config(corpus: Path, run_dir: Path, **train):
     cfg = make_config(corpus, run_dir, **train)
     return replace(cfg, data=replace(cfg.data, directions=["xx-yy", "xx-zz"]),
@@ -175,9 +163,9 @@ def multilingual_run(tmp_path_factory):
     from mt.finish import finish
     from mt.training import Trainer
 
-    corpus = write_multiway_corpus(tmp_path_factory.mktemp("multiway"))
+    corpus = write_toy_corpus(tmp_path_factory.mktemp("multiway"), multiway=True)
     run = tmp_path_factory.mktemp("multilingual")
-    cfg = multilingual_config(corpus, run, max_updates=200, max_epochs=20, lr=5e-3, valid_bleu=True)
+    cfg = multilingual_config(corpus, run, max_updates=300, max_epochs=30, lr=5e-3, valid_bleu=True)
     trainer = Trainer(cfg, prepare_data(cfg, run, 128), run)
     trainer.fit(job_start=0)
     return run, trainer, finish(trainer)
