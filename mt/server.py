@@ -182,7 +182,6 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
         return decode_ids(model, src_ids, settings, translator.device, translator.amp, prefixes, numbers)
 
     batcher = Batcher(decode, cfg.batch_wait_ms / 1000, cfg.batch_tokens)
-    limit = translator.limit  # source tokens a line may have (</s> takes the last position)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -230,26 +229,7 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
     @app.post("/translate")
     async def translate(req: TranslateRequest) -> dict:
         decode = _request_decode(req, cfg, translator)
-        try:
-            target = translator.target_id(req.tgt_lang)
-        except ConfigError as e:
-            raise BadRequest(422, str(e)) from None
-        src_ids = vocabs.src.encode_batch(req.src)
-        n_tokens = sum(len(s) + 1 for s in src_ids)  # before cutting: a 100,000-character line counts in full
-        if n_tokens > cfg.max_request_tokens:
-            raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
-                                  "split the request")  # fmt: skip
-        warnings, room = [], limit - (target is not None)  # a multilingual model's <2xx> token comes first
-        for i, ids in enumerate(src_ids):
-            if len(ids) > room:
-                warnings.append(f"src[{i}]: {len(ids)} tokens, truncated to the model's {room}")
-                src_ids[i] = ids[:room]
-        if target is not None:
-            src_ids = [[target, *ids] if ids else ids for ids in src_ids]
-        try:
-            prefixes = translator.encode_prefixes(req.prefix, src_ids, decode)
-        except ConfigError as e:
-            raise BadRequest(422, str(e)) from None
+        src_ids, prefixes, warnings = _request_sources(req, cfg, translator, decode)
         hyps = await batcher.translate(src_ids, prefixes, decode)
         if decode.nbest == 1:
             out: dict = {"translations": vocabs.tgt.decode_batch([h[0].tokens for h in hyps])}
@@ -259,6 +239,31 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
         return out | ({"warnings": warnings} if warnings else {})
 
     return app
+
+
+def _request_sources(req: TranslateRequest, cfg: ServeConfig, translator, decode: DecodeConfig):
+    """(source ids, prefix ids, warnings) of a request: its tokens counted before lines are cut to the model (a
+    100,000-character line counts in full), a multilingual model's target-language token first."""
+    try:
+        target = translator.target_id(req.tgt_lang)
+    except ConfigError as e:
+        raise BadRequest(422, str(e)) from None
+    src_ids = translator.vocabs.src.encode_batch(req.src)
+    n_tokens = sum(len(s) + 1 for s in src_ids)
+    if n_tokens > cfg.max_request_tokens:
+        raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
+                              "split the request")  # fmt: skip
+    warnings, room = [], translator.limit - (target is not None)  # (</s> takes the last position)
+    for i, ids in enumerate(src_ids):
+        if len(ids) > room:
+            warnings.append(f"src[{i}]: {len(ids)} tokens, truncated to the model's {room}")
+            src_ids[i] = ids[:room]
+    if target is not None:
+        src_ids = [[target, *ids] if ids else ids for ids in src_ids]
+    try:
+        return src_ids, translator.encode_prefixes(req.prefix, src_ids, decode), warnings
+    except ConfigError as e:
+        raise BadRequest(422, str(e)) from None
 
 
 def _request_decode(req: TranslateRequest, cfg: ServeConfig, translator) -> DecodeConfig:
