@@ -485,3 +485,16 @@ def test_the_training_benchmark_runs_without_transformers():
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert "HF Marian: skipped" in p.stdout and "torch.nn.Transformer" in p.stdout
+
+
+def test_deterministic_training_turns_on_deterministic_algorithms(toy_corpus, tmp_path):
+    """`train.deterministic` (what tests/test_gpu.py's resume test sets on CUDA): the flag and cuBLAS's workspace."""
+    import os
+
+    assert not torch.are_deterministic_algorithms_enabled()
+    try:
+        make_trainer(toy_corpus, tmp_path / "run", deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
