@@ -89,7 +89,11 @@ def training_parts(dc: DataConfig) -> list[tuple[DataConfig, str | None, float]]
     """(data config, tag, weight) of each training corpus: each direction of `data.directions` (the main corpus in
     that direction, its target-language token as tag) and each of `data.corpora`; or the main corpus alone."""
     parts = [(direction_config(dc, d), target_token(parse_direction(d)[1]), 1.0) for d in dc.directions]
-    parts += [(data.corpus_config(dc, c), c.tag, c.weight) for c in dc.corpora]
+    for i, c in enumerate(dc.corpora):
+        if c.dir is not None and not Path(c.dir).is_dir():
+            raise data.DataError(f"data.corpora[{i}].dir={c.dir!r} is not a directory; point it at that corpus's "
+                                 "files ({split}.{lang}[.gz] for the parallel format)")  # fmt: skip
+        parts.append((data.corpus_config(dc, c), c.tag, c.weight))
     return parts or [(dc, None, 1.0)]
 
 

@@ -240,3 +240,11 @@ def test_translate_py_asks_a_multilingual_model_for_its_target_language(multilin
     given = subprocess.run([*cmd, "tgt_lang=zz"], cwd=ROOT, input="the cat\n\n", capture_output=True, text=True,
                            timeout=300)  # fmt: skip
     assert given.returncode == 0 and len(given.stdout.splitlines()) == 2 and given.stdout.splitlines()[1] == ""
+
+
+def test_a_missing_corpus_dir_names_its_entry(toy_corpus, tmp_path):
+    from mt.data import DataError
+
+    cfg = mixed_config(toy_corpus, tmp_path / "nowhere", tmp_path / "run")
+    with pytest.raises(DataError, match=r"^data.corpora\[1\].dir='.*nowhere' is not a directory"):
+        prepare_data(cfg, tmp_path / "run", 128)
