@@ -99,3 +99,14 @@ def test_an_incomplete_peer_output_is_a_one_line_error(tmp_path):
     expected = f"error: {tmp_path / 'hyp'} has 1 lines, the references 2: the peer's output is incomplete"
     assert done.stdout.strip() == expected
     assert not (tmp_path / "out").exists()
+
+
+def test_a_missing_peer_output_is_a_one_line_error(tmp_path):
+    write_split(tmp_path / "m30k", "test_2016_flickr", ["a"], ["x"])
+    done = subprocess.run(
+        [sys.executable, str(SCORE), "--hyp", str(tmp_path / "nothing"), "--out", str(tmp_path / "out"),
+         "--toolkit", "peer", "--version", "1.0"],
+        env={"MULTI30K": str(tmp_path / "m30k"), "PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2 and not done.stderr
+    assert done.stdout.startswith(f"error: {tmp_path / 'nothing'} not found")

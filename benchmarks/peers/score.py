@@ -42,6 +42,10 @@ def main() -> int:
     ap.add_argument("--meta", nargs="*", default=[], help="key=value fields added to the report")
     args = ap.parse_args()
     data = Path(os.environ.get("MULTI30K", ROOT.parent / "shared" / "data" / "multi30k"))
+    for path in (args.hyp, data / f"{args.split}.{args.src}.gz", data / f"{args.split}.{args.tgt}.gz"):
+        if not path.is_file():
+            print(f"error: {path} not found (the peer's output, or Multi30k: set MULTI30K=/path/to/multi30k)")
+            return 2
     srcs = read_lines(data / f"{args.split}.{args.src}.gz")
     refs = read_lines(data / f"{args.split}.{args.tgt}.gz")
     hyps = read_lines(args.hyp)
