@@ -5,6 +5,11 @@
     python benchmarks/train_peers.py --shape base
     python benchmarks/train_peers.py --shape small --dtypes fp32 --compile   # adds this project under torch.compile
     python benchmarks/train_peers.py --shape base --dtypes fp32 --profile    # then where a step's time goes
+    python benchmarks/train_peers.py --shape small --peers joeynmt,eole,fairseq --rounds 3   # the NMT toolkits
+
+With --peers, this project and each toolkit run in their own processes and virtual environments
+(benchmarks/peer_steps.py, which says what a toolkit's step is), alternating in rounds; the toolkits' venvs are the
+ones benchmarks/peers/<peer>/run.sh makes.
 
 One step = forward + label-smoothed cross-entropy + backward + Adam. The peers project every position to logits and
 take `label_smoothed_loss` (benchmarks/reference_loss.py); this project runs its trainer's `TrainingLoss` (non-
@@ -21,8 +26,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,10 +41,10 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.peer_steps import SYSTEMS, random_batches, this_project_model  # noqa: E402
 from benchmarks.reference_loss import label_smoothed_loss  # noqa: E402
 from benchmarks.shapes import SHAPES, VOCAB  # noqa: E402
-from mt.config import ModelConfig  # noqa: E402
-from mt.model import Transformer, sinusoidal_positions  # noqa: E402
+from mt.model import sinusoidal_positions  # noqa: E402
 from mt.training import TrainingLoss  # noqa: E402
 
 V, PAD, BOS = VOCAB, 0, 2
@@ -106,38 +114,7 @@ def marian(d_model: int, n_heads: int, d_ff: int, layers: int) -> nn.Module:
     return Wrapped()
 
 
-def ours(d_model: int, n_heads: int, d_ff: int, layers: int) -> nn.Module:
-    cfg = ModelConfig(
-        name="bench",
-        d_model=d_model,
-        n_heads=n_heads,
-        d_ff=d_ff,
-        encoder_layers=layers,
-        decoder_layers=layers,
-        dropout=0.1,
-        norm="post",
-        max_positions=512,
-    )
-    return Transformer(cfg, V, V)
-
-
-def random_batches(n: int, tokens: int, seed: int = 0) -> list[tuple]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        B = tokens // 20
-        src_len = torch.randint(10, 31, (B,), generator=g)
-        tgt_len = torch.randint(10, 31, (B,), generator=g)
-        S, T = int(src_len.max()), int(tgt_len.max())
-        src = torch.randint(4, V, (B, S), generator=g)
-        src_pad = torch.arange(S)[None] >= src_len[:, None]
-        src = src.masked_fill(src_pad, PAD)
-        tgt = torch.randint(4, V, (B, T + 1), generator=g)
-        tgt_pad = torch.arange(T + 1)[None] >= (tgt_len + 1)[:, None]
-        tgt = tgt.masked_fill(tgt_pad, PAD)
-        tgt[:, 0] = BOS
-        out.append((src, src_pad, tgt[:, :-1].contiguous(), tgt[:, 1:].contiguous(), int(tgt[:, 1:].ne(PAD).sum())))
-    return out
+ours = this_project_model
 
 
 def train_step(name: str, model: nn.Module, opt: torch.optim.Optimizer, dtype: torch.dtype | None, batch: tuple):
@@ -184,7 +161,12 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also time this project's model under torch.compile")
     ap.add_argument("--profile", action="store_true", help="then profile this project's and HF Marian's steps")
     ap.add_argument("--device", default="cpu", help="cpu or cuda (then shapes base/big, bf16, >= 25,000 tokens)")
+    ap.add_argument("--peers", help="toolkits to compare instead, in their own venvs: e.g. joeynmt,eole,fairseq")
+    ap.add_argument("--rounds", type=int, default=3, help="with --peers: rounds, each running every system once")
+    ap.add_argument("--threads", type=int, default=2, help="with --peers: threads per system")
     args = ap.parse_args()
+    if args.peers:
+        return toolkits(args)
     device = torch.device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # what the trainer enables for fp32 on CUDA
@@ -261,6 +243,48 @@ def main() -> None:
             share = 100 * sum(getattr(e, timed) for e in events if e.key in MATMULS) / max(total, 1)
             print(f"\nprofile, {name} {dname}, {len(profiled)} steps: {share:.1f}% of {timed} in matmuls")
             print(events.table(sort_by=timed, row_limit=14))
+
+
+def toolkits(args) -> None:
+    """--peers: this project and each toolkit in its own process and virtual environment (benchmarks/peer_steps.py),
+    alternating in rounds (the order reversed every other round) so that drift in the machine's speed hits all."""
+    pythons = {"this project": sys.executable}
+    for peer in args.peers.split(","):
+        if peer not in SYSTEMS or peer == "this project":
+            sys.exit(f"error: --peers: unknown toolkit {peer!r}; known: {', '.join(list(SYSTEMS)[1:])}")
+        python = ROOT / "benchmarks" / "peers" / peer / ".venv" / "bin" / "python"
+        if python.exists():
+            pythons[peer] = str(python)
+        else:
+            print(f"{peer}: skipped ({python} is missing: bash benchmarks/peers/{peer}/run.sh installs it)")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    results: dict[str, dict] = {}
+    for r in range(args.rounds):
+        for name, python in list(pythons.items())[:: 1 if r % 2 == 0 else -1]:
+            cmd = [python, str(ROOT / "benchmarks" / "peer_steps.py"), "--system", name, "--shape", args.shape]
+            cmd += ["--steps", str(args.steps), "--warmup", str(args.warmup), "--tokens", str(args.tokens)]
+            run = subprocess.run(cmd + ["--threads", str(args.threads)], capture_output=True, text=True, env=env)
+            if run.returncode != 0:
+                last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+                sys.exit(f"error: {name} (round {r + 1}): benchmarks/peer_steps.py failed: {last}")
+            out = json.loads(run.stdout.strip().splitlines()[-1])
+            entry = results.setdefault(name, dict(out, rates=[]))
+            entry["rates"] += out["rates"]
+    ours_median = statistics.median(results["this project"]["rates"])
+    print(
+        f"shape {args.shape} {SHAPES[args.shape]}, vocab {V} tied, fp32, batches of ~{args.tokens} target tokens "
+        f"(lengths 10-30), {args.rounds} rounds x {args.steps} timed steps, {args.threads} threads per system"
+    )
+    print(
+        f"{'system':<14}{'params':>12}{'first loss':>12}{'target tok/s median [min..max]':>34}{'this project vs':>17}"
+    )
+    for name, res in results.items():
+        med, rates = statistics.median(res["rates"]), res["rates"]
+        ratio = "" if name == "this project" else f"{ours_median / med:.2f}x"
+        print(
+            f"{name:<14}{res['params']:>12,}{res['first_loss']:>12.2f}{med:>16.0f} [{min(rates):.0f}..{max(rates):.0f}]"
+            f"{ratio:>17}"
+        )
 
 
 if __name__ == "__main__":

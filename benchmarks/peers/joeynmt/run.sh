@@ -15,7 +15,8 @@ source "$HERE/../common.sh"
 VENV=$HERE/.venv
 WORK=${WORK:-/tmp/mt-peers/joeynmt}
 
-peer_venv "$VENV" joeynmt==2.3.0
+# importlib-metadata: joeynmt 2.3.0 imports it (joeynmt/helpers.py) without declaring it
+peer_venv "$VENV" joeynmt==2.3.0 importlib-metadata
 PY=$VENV/bin/python
 rm -rf "$WORK" && mkdir -p "$WORK/data"
 
