@@ -36,3 +36,13 @@ multi30k_text() {
 
 # seconds_left START: seconds of the budget left, counted from START (unix time).
 seconds_left() { echo $(( $1 + BUDGET_MIN * 60 - $(date +%s) )); }
+
+# moses_lowercase PY LANG < IN > OUT: Moses-tokenize (sacremoses, in the peer's venv PY) and lowercase, one line per
+# line, as the peers' IWSLT preparation scripts do.
+moses_lowercase() {
+    "$1" -c 'import sys
+from sacremoses import MosesTokenizer
+tok = MosesTokenizer(lang=sys.argv[1])
+for line in sys.stdin:
+    print(tok.tokenize(line.strip(), return_str=True).lower())' "$2"
+}

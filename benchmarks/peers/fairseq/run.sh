@@ -37,13 +37,7 @@ START=$(date +%s)
 multi30k_text "$WORK/data"
 for split in train val test_2016_flickr; do
     for lang in en de; do
-        "$PY" - "$lang" < "$WORK/data/$split.$lang" > "$WORK/data/$split.tok.$lang" <<'EOF'
-import sys
-from sacremoses import MosesTokenizer
-tok = MosesTokenizer(lang=sys.argv[1])
-for line in sys.stdin:
-    print(tok.tokenize(line.strip(), return_str=True).lower())
-EOF
+        moses_lowercase "$PY" "$lang" < "$WORK/data/$split.$lang" > "$WORK/data/$split.tok.$lang"
     done
 done
 cat "$WORK/data/train.tok.en" "$WORK/data/train.tok.de" \
@@ -68,7 +62,8 @@ echo "preprocessing: $(( $(date +%s) - START )) s; training for $LEFT_H h"
     --warmup-updates 2000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
     --max-tokens 4096 --update-freq 2 --max-update 8000 --patience 10 --stop-time-hours "$LEFT_H" \
     --num-workers 0 --save-dir "$WORK/checkpoints" --keep-last-epochs 10 \
-    --no-progress-bar --log-format simple --log-interval 50 > "$WORK/train.out" 2>&1
+    --no-progress-bar --log-format simple --log-interval 50 > "$WORK/train.out" 2>&1 \
+    || die "fairseq-train failed: see the end of $WORK/train.out"
 LOG=$WORK/train.out
 TRAIN_END=$(date -d "$(grep -P "\| train_inner \|" "$LOG" | tail -1 | grep -oP '^[0-9-]+ [0-9:]+')" +%s)
 echo "budget: $(( (TRAIN_END - START) / 60 )) min $(( (TRAIN_END - START) % 60 )) s from preprocessing to the" \
@@ -92,9 +87,12 @@ torch.save(averaged, ckpt_dir / "averaged.pt")
 print(f"averaged {len(paths)} epoch checkpoints: {', '.join(p.name for p in paths)}")
 EOF
 
-"$BIN/fairseq-generate" "$WORK/bin" --path "$WORK/checkpoints/averaged.pt" --gen-subset test --cpu \
-    --source-lang en --target-lang de --beam 5 --lenpen 0.8 --batch-size 128 --remove-bpe \
-    --tokenizer moses > "$WORK/generate.out" 2> "$WORK/generate.err"
+# fairseq 0.12 loads checkpoints with torch.load's old default (weights_only=False), which torch >= 2.6 must be
+# told to keep for fairseq's own files.
+TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$BIN/fairseq-generate" "$WORK/bin" --path "$WORK/checkpoints/averaged.pt" \
+    --gen-subset test --cpu --source-lang en --target-lang de --beam 5 --lenpen 0.8 --batch-size 128 --remove-bpe \
+    --tokenizer moses > "$WORK/generate.out" 2> "$WORK/generate.err" \
+    || die "fairseq-generate failed: see the end of $WORK/generate.err"
 grep -P "^D-[0-9]+\t" "$WORK/generate.out" | sort -t- -k2 -n | cut -f3 > "$WORK/hyp.test"
 
 params=$(grep -oP "num\. shared model params: \K[0-9,]+" "$LOG" | head -1 | tr -d ,)

@@ -23,13 +23,7 @@ rm -rf "$WORK" && mkdir -p "$WORK/data"
 START=$(date +%s)
 multi30k_text "$WORK/data"
 for lang in en de; do
-    "$PY" - "$lang" < "$WORK/data/train.$lang" > "$WORK/data/train.tok.$lang" <<'EOF'
-import sys
-from sacremoses import MosesTokenizer
-tok = MosesTokenizer(lang=sys.argv[1])
-for line in sys.stdin:
-    print(tok.tokenize(line.strip(), return_str=True).lower())
-EOF
+    moses_lowercase "$PY" "$lang" < "$WORK/data/train.$lang" > "$WORK/data/train.tok.$lang"
 done
 cat "$WORK/data/train.tok.en" "$WORK/data/train.tok.de" \
     | "$PY" -m subword_nmt.learn_bpe -s 10000 > "$WORK/data/bpe.codes"
