@@ -110,3 +110,21 @@ def test_a_missing_peer_output_is_a_one_line_error(tmp_path):
     )  # fmt: skip
     assert done.returncode == 2 and not done.stderr
     assert done.stdout.startswith(f"error: {tmp_path / 'nothing'} not found")
+
+
+def test_the_moses_step_tokenizes_the_lines_it_is_given(tmp_path):
+    # A stand-in sacremoses (the peers' venvs have the real one): splits off the final period, keeps the case.
+    (tmp_path / "sacremoses.py").write_text(
+        "class MosesTokenizer:\n"
+        "    def __init__(self, lang):\n"
+        "        self.lang = lang\n"
+        "    def tokenize(self, text, return_str):\n"
+        "        return text[:-1] + ' .' if text.endswith('.') else text\n"
+    )
+    (tmp_path / "train.en.gz").write_bytes(gzip.compress(b"x\n"))
+    lines = "A Dog runs.\nTwo Men.\n"
+    done = subprocess.run(
+        ["bash", "-c", f'source {ROOT}/benchmarks/peers/common.sh && moses_lowercase "{sys.executable}" en'],
+        input=lines, capture_output=True, text=True, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path),
+                                                          "MULTI30K": str(tmp_path)}, check=True)  # fmt: skip
+    assert done.stdout == "a dog runs .\ntwo men .\n"
