@@ -8,7 +8,8 @@
 # Preprocessing as the recipe's scripts/get_iwslt14_bpe.sh: Moses tokenization, lowercasing, joint BPE learned
 # with subword-nmt on the training text (here with sacremoses, the same call JoeyNMT makes at training time).
 # JoeyNMT has no wall-clock limit: training is interrupted at the deadline (benchmarks/peers/budget.py), which it
-# handles by saving its weights; it tests its best checkpoint by val BLEU (greedy), as it does by default.
+# handles by saving its weights; it tests its best checkpoint by val BLEU (greedy) if a validation
+# fell within the budget, else the weights saved at the deadline, as it does by default.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/../common.sh"
