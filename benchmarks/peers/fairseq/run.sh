@@ -17,7 +17,10 @@
 #
 # Changes, each forced by this machine: --cpu; --update-freq 2 (one process instead of the two GPUs, so an update
 # still sees 2 x 4096 tokens); --stop-time-hours (fairseq's own wall-clock limit) set to what is left of the
-# budget after preprocessing; --label-smoothing 0.1 (the recipe's command leaves it at the criterion's default 0;
+# budget after preprocessing; --warmup-updates a quarter of the updates that fit the budget, as the recipe's 2,000
+# are a quarter of its 8,000 (left at 2,000 the learning rate would still be rising when the hour ends: a timed
+# run of 100 updates first, outside the budget as the clock stops for it, gives the seconds an update takes);
+# --label-smoothing 0.1 (the recipe's command leaves it at the criterion's default 0;
 # 0.1 is what fairseq's translation examples use, so the choice favours the peer); --num-workers 0 (the two
 # cores go to the model). The package is fairseq-fixed (0.12.3.1: fairseq 0.12.2 with the Python 3.11 fixes);
 # its torchaudio dependency does not load with torch 2.13 and translation does not use it, so it is removed.
@@ -26,6 +29,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/../common.sh"
 VENV=$HERE/.venv
 WORK=${WORK:-/tmp/mt-peers/fairseq}
+CAL_UPDATES=${CAL_UPDATES:-100}   # the timed run, ~4 minutes here
 
 peer_venv "$VENV" fairseq-fixed==0.12.3.1 sacremoses subword-nmt
 "$VENV/bin/pip" uninstall --quiet --yes torchaudio 2> /dev/null || true
@@ -51,23 +55,47 @@ done
 "$BIN/fairseq-preprocess" --source-lang en --target-lang de --trainpref "$WORK/data/train.bpe" \
     --validpref "$WORK/data/val.bpe" --testpref "$WORK/data/test_2016_flickr.bpe" --destdir "$WORK/bin" \
     --joined-dictionary --workers 2 > "$WORK/preprocess.out" 2>&1
-LEFT_H=$("$PY" -c "print($(seconds_left "$START") / 3600)")
-echo "preprocessing: $(( $(date +%s) - START )) s; training for $LEFT_H h"
+PREP_S=$(( $(date +%s) - START ))
 
-"$BIN/fairseq-train" "$WORK/bin" --task translation --source-lang en --target-lang de --cpu --seed 1 \
-    --arch transformer --share-all-embeddings \
-    --encoder-layers 4 --encoder-embed-dim 128 --encoder-ffn-embed-dim 256 --encoder-attention-heads 4 \
-    --decoder-layers 4 --decoder-embed-dim 128 --decoder-ffn-embed-dim 256 --decoder-attention-heads 4 \
-    --dropout 0.3 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.005 --lr-scheduler inverse_sqrt \
-    --warmup-updates 2000 --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
-    --max-tokens 4096 --update-freq 2 --max-update 8000 --patience 10 --stop-time-hours "$LEFT_H" \
-    --num-workers 0 --save-dir "$WORK/checkpoints" --keep-last-epochs 10 \
-    --no-progress-bar --log-format simple --log-interval 50 > "$WORK/train.out" 2>&1 \
-    || die "fairseq-train failed: see the end of $WORK/train.out"
+# fairseq_train SAVE_DIR LOG WARMUP STOP_HOURS MAX_UPDATE: the recipe's command with this machine's changes (header).
+fairseq_train() {
+    "$BIN/fairseq-train" "$WORK/bin" --task translation --source-lang en --target-lang de --cpu --seed 1 \
+        --arch transformer --share-all-embeddings \
+        --encoder-layers 4 --encoder-embed-dim 128 --encoder-ffn-embed-dim 256 --encoder-attention-heads 4 \
+        --decoder-layers 4 --decoder-embed-dim 128 --decoder-ffn-embed-dim 256 --decoder-attention-heads 4 \
+        --dropout 0.3 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.005 --lr-scheduler inverse_sqrt \
+        --warmup-updates "$3" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
+        --max-tokens 4096 --update-freq 2 --max-update "$5" --patience 10 --stop-time-hours "$4" \
+        --num-workers 0 --save-dir "$1" --keep-last-epochs 10 \
+        --no-progress-bar --log-format simple --log-interval 25 > "$2" 2>&1 \
+        || die "fairseq-train failed: see the end of $2"
+}
+# log_time LINE: a fairseq log line's time stamp as unix time.
+log_time() { date -d "$(grep -oP '^[0-9-]+ [0-9:]+' <<< "$1")" +%s; }
+
+# The timed run (its minutes are given back to the budget): seconds an update takes, from its first logged update
+# to its last, epoch-end validation and saving included.
+CAL0=$(date +%s)
+fairseq_train "$WORK/cal_checkpoints" "$WORK/cal.out" $(( CAL_UPDATES / 4 )) 0 "$CAL_UPDATES"
+START=$(( START + $(date +%s) - CAL0 ))
+FIRST=$(grep -P "\| train_inner \|" "$WORK/cal.out" | head -1)
+LAST=$(grep -P "\| train_inner \|" "$WORK/cal.out" | tail -1)
+[ -n "$FIRST" ] && [ "$FIRST" != "$LAST" ] || die "the timed run logged fewer than two intervals: see $WORK/cal.out"
+SEC_PER_UPDATE=$("$PY" -c "print(round(($(log_time "$LAST") - $(log_time "$FIRST"))
+    / ($(grep -oP 'num_updates=\K[0-9]+' <<< "$LAST") - $(grep -oP 'num_updates=\K[0-9]+' <<< "$FIRST")), 3))")
+LEFT_S=$(seconds_left "$START")
+UPDATES=$("$PY" -c "print(int($LEFT_S / $SEC_PER_UPDATE))")
+WARMUP=$("$PY" -c "print(max(1, min(2000, $UPDATES // 4)))")
+LEFT_H=$("$PY" -c "print($LEFT_S / 3600)")
+echo "preprocessing $PREP_S s; timed run $(( $(date +%s) - CAL0 )) s: $SEC_PER_UPDATE s an update; training for" \
+    "$LEFT_H h, ~$UPDATES updates, warmup $WARMUP"
+
+fairseq_train "$WORK/checkpoints" "$WORK/train.out" "$WARMUP" "$LEFT_H" 8000
 LOG=$WORK/train.out
-TRAIN_END=$(date -d "$(grep -P "\| train_inner \|" "$LOG" | tail -1 | grep -oP '^[0-9-]+ [0-9:]+')" +%s)
+# the end of training: where fairseq stops for --stop-time-hours, else (--max-update) its last logged update
+TRAIN_END=$(log_time "$(grep -P "Stopping training due to|\| train_inner \|" "$LOG" | tail -1)")
 echo "budget: $(( (TRAIN_END - START) / 60 )) min $(( (TRAIN_END - START) % 60 )) s from preprocessing to the" \
-    "last logged update"
+    "end of training"
 
 # The recipe's evaluation: the average of the last 10 epoch checkpoints (what fairseq's
 # scripts/average_checkpoints.py --num-epoch-checkpoints 10 does; the script is not in the pip package).
@@ -98,7 +126,7 @@ grep -P "^D-[0-9]+\t" "$WORK/generate.out" | sort -t- -k2 -n | cut -f3 > "$WORK/
 params=$(grep -oP "num\. shared model params: \K[0-9,]+" "$LOG" | head -1 | tr -d ,)
 epochs=$(grep -oP "end of epoch \K[0-9]+" "$LOG" | tail -1 || true)
 updates=$(grep -oP "num_updates \K[0-9]+" "$LOG" | tail -1)
-tok_s=$(grep -P "\| train_inner \|" "$LOG" | grep -oP "\| wps \K[0-9.]+" | sort -n \
+tok_s=$(grep -P "\| train_inner \|" "$LOG" | grep -oP "wps=\K[0-9.]+" | sort -n \
     | awk '{a[NR]=$1} END {print int(a[int((NR+1)/2)])}')   # wps: target tokens per second
 sent_s=$(grep -oP "sentences \(.*?\) in [0-9.]+s \(\K[0-9.]+(?= sentences/s)" "$WORK/generate.out" "$WORK/generate.err" \
     | head -1 | cut -d: -f2)
