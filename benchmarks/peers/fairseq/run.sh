@@ -78,8 +78,8 @@ log_time() { date -d "$(grep -oP '^[0-9-]+ [0-9:]+' <<< "$1")" +%s; }
 CAL0=$(date +%s)
 fairseq_train "$WORK/cal_checkpoints" "$WORK/cal.out" $(( CAL_UPDATES / 4 )) 0 "$CAL_UPDATES"
 START=$(( START + $(date +%s) - CAL0 ))
-FIRST=$(grep -P "\| train_inner \|" "$WORK/cal.out" | head -1)
-LAST=$(grep -P "\| train_inner \|" "$WORK/cal.out" | tail -1)
+FIRST=$(grep -P "\| train_inner \|" "$WORK/cal.out" | head -1 || true)
+LAST=$(grep -P "\| train_inner \|" "$WORK/cal.out" | tail -1 || true)
 [ -n "$FIRST" ] && [ "$FIRST" != "$LAST" ] || die "the timed run logged fewer than two intervals: see $WORK/cal.out"
 SEC_PER_UPDATE=$("$PY" -c "print(round(($(log_time "$LAST") - $(log_time "$FIRST"))
     / ($(grep -oP 'num_updates=\K[0-9]+' <<< "$LAST") - $(grep -oP 'num_updates=\K[0-9]+' <<< "$FIRST")), 3))")
