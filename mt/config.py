@@ -112,7 +112,7 @@ class ModelConfig:
 class TrainConfig:
     seed: int = 1
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: str = "auto"  # auto (bf16 on AMX CPUs and bf16-capable GPUs) | fp32 | bf16 | fp16 (CUDA only)
+    precision: str = "auto"  # auto (bf16 on AMX CPUs from d_model 256 and on bf16 GPUs) | fp32 | bf16 | fp16 (CUDA)
     compile: bool = False
     max_tokens: int = 4096  # per batch, padded tokens (max of source and target side)
     accumulate: int = 1

@@ -266,7 +266,7 @@ def load_translator(ckpt: dict, decode: DecodeConfig, precision: str, device: to
     model, vocabs = checkpoint.build_model(ckpt)
     model.to(device).eval()
     use_tf32(device)
-    return for_decoding(model, decode, device), vocabs, pick_autocast(precision, device)
+    return for_decoding(model, decode, device), vocabs, pick_autocast(precision, device, model.cfg.d_model)
 
 
 def load_ensemble(ckpts: list[dict], decode: DecodeConfig, precision: str, device: torch.device, plot: bool = False):
@@ -291,7 +291,8 @@ def load_ensemble(ckpts: list[dict], decode: DecodeConfig, precision: str, devic
         models.append(model)
     ensemble = Ensemble(models).to(device).eval()
     use_tf32(device)
-    return for_decoding(ensemble, decode, device), vocabs, pick_autocast(precision, device)
+    amp = pick_autocast(precision, device, min(ensemble.widths))
+    return for_decoding(ensemble, decode, device), vocabs, amp
 
 
 class PrefixFile:

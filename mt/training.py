@@ -95,7 +95,7 @@ class Trainer:
         self.cfg, self.tc, self.corpus, self.run_dir = cfg, cfg.train, corpus, run_dir
         self.world, self.rank = distributed.world_and_rank()
         self.device = runtime.training_device(self.tc.device, cfg.decode.quantize)
-        self.amp = runtime.pick_autocast(self.tc.precision, self.device)
+        self.amp = runtime.pick_autocast(self.tc.precision, self.device, cfg.model.d_model)
         runtime.use_tf32(self.device)
         if self.tc.deterministic:
             runtime.use_deterministic_algorithms()

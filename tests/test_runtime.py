@@ -30,6 +30,18 @@ def test_auto_precision_on_the_cpu_is_bf16_only_with_amx(monkeypatch, amx, expec
     assert runtime.pick_autocast("auto", torch.device("cpu")) is expected
 
 
+@pytest.mark.parametrize("width, expected", [(128, None), (255, None), (256, torch.bfloat16), (512, torch.bfloat16)])
+def test_auto_precision_on_an_amx_cpu_is_fp32_for_narrow_models(monkeypatch, width, expected):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert runtime.pick_autocast("auto", torch.device("cpu"), width) is expected
+    assert runtime.pick_autocast("bf16", torch.device("cpu"), width) is torch.bfloat16  # asked for: always
+
+
+def test_auto_precision_on_cuda_ignores_the_width(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", FakeCuda(True).is_bf16_supported)
+    assert runtime.pick_autocast("auto", torch.device("cuda"), 128) is torch.bfloat16
+
+
 def test_explicit_precisions():
     cpu = torch.device("cpu")
     assert runtime.pick_autocast("fp32", cpu) is None and runtime.pick_autocast("bf16", cpu) is torch.bfloat16
