@@ -140,7 +140,8 @@ def validation_bleu(model, ds, vocabs: Vocabs, decode_cfg: DecodeConfig, device,
     start = time.perf_counter()
     hyps = translate_ids(model, list(ds["src_ids"]), decode_cfg, device, amp)
     s = score(vocabs.tgt.decode_batch([h[0].tokens for h in hyps]), list(ds["tgt"]))
-    return {"valid_bleu": s["bleu"], "valid_chrf": s["chrf"], "valid_decode_s": time.perf_counter() - start}
+    bleu = s["bleu_lowercase"] if vocabs.tgt.lowercases else s["bleu"]  # a lowercased model's capitals are all missing
+    return {"valid_bleu": bleu, "valid_chrf": s["chrf"], "valid_decode_s": time.perf_counter() - start}
 
 
 def score(hyps: list[str], refs: list[str]) -> dict:
@@ -171,9 +172,14 @@ def sentence_examples(srcs: list[str], hyps: list[str], refs: list[str], k: int 
     return {"best": [row(x) for x in scored[::-1][:k]], "worst": [row(x) for x in scored[:k]]}
 
 
-def write_report(out_dir: Path, name: str, srcs: list[str], hyps: list[str], refs: list[str], extra: dict) -> dict:
-    """Score and write `report.json` and `report.md` (named `{name}.report.*` when name is given)."""
+def write_report(
+    out_dir: Path, name: str, srcs: list[str], hyps: list[str], refs: list[str], extra: dict, lowercased: bool = False
+) -> dict:
+    """Score and write `report.json` and `report.md` (named `{name}.report.*` when name is given). `lowercased`: the
+    model translates into lowercase (its tokenizer lowercases), which the report says beside its cased scores."""
     report = {"name": name, "sentences": len(hyps), **score(hyps, refs), **extra}
+    if lowercased:
+        report["lowercased_model"] = True
     report["examples"] = sentence_examples(srcs, hyps, refs)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{name}.report" if name else "report"
@@ -196,6 +202,9 @@ def report_markdown(r: dict) -> str:
         f"`{r['bleu_detail']}`",
         "",
     ]
+    if r.get("lowercased_model"):
+        lines += ["The model lowercases (`tokenizer.normalization`): its lowercased BLEU is its score; the cased",
+                  "BLEU and chrF also count the capitals it cannot produce.", ""]  # fmt: skip
     for key in ("sentences", "sentences_per_s", "tokens_per_s", "decode", "precision", "checkpoint"):
         if key in r:
             val = f"{r[key]:.1f}" if isinstance(r[key], float) else r[key]

@@ -84,7 +84,9 @@ def evaluate_splits(trainer, splits: list[str], tag: str) -> list[dict]:
         n_tokens = sum(len(h[0].tokens) for h in hyps)
         speed = {"sentences_per_s": len(texts) / seconds, "tokens_per_s": n_tokens / seconds}
         extra = {**speed, "decode": asdict(cfg.decode), "precision": "fp32", "checkpoint": tag}
-        report = write_report(trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), extra)
+        report = write_report(
+            trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), extra, vocabs.tgt.lowercases
+        )
         log.info(
             "%s (%s): BLEU %.2f, lowercased BLEU %.2f, chrF %.2f, %.1f sentences/s",
             split,

@@ -350,7 +350,7 @@ def translate_whole(cfg: TranslateConfig, translator) -> None:
     if refs is not None:
         report_dir = Path(cfg.report_dir or (Path(cfg.output).parent if cfg.output != "-" else "."))
         extra = {**speed, "decode": asdict(cfg.decode), "precision": cfg.precision, "checkpoint": ckpt["path"]}
-        r = write_report(report_dir, "", lines, texts, refs, extra)
+        r = write_report(report_dir, "", lines, texts, refs, extra, vocabs.tgt.lowercases)
         log.info("%s", r["bleu_detail"])
         log.info("BLEU %.2f (lowercased %.2f), chrF %.2f; report in %s", r["bleu"], r["bleu_lowercase"], r["chrf"],
                  report_dir / "report.md")  # fmt: skip

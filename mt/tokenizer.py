@@ -2,7 +2,8 @@
 
 Metaspace turns spaces into a visible marker (as SentencePiece does) and its decoder turns them back, and the
 punctuation split only cuts between characters, so `decode(encode(s)) == s` for any NFC text whose characters
-were seen in training. Special tokens take fixed ids: <pad>=0, <unk>=1, <s>=2, </s>=3.
+were seen in training (with the default normalization; "NFC+Lowercase" lowercases on the way in). Special tokens
+take fixed ids: <pad>=0, <unk>=1, <s>=2, </s>=3.
 """
 
 from __future__ import annotations
@@ -59,6 +60,12 @@ class Vocab:
     def decode_batch(self, batch: list[list[int]]) -> list[str]:
         return self.tokenizer.decode_batch(batch, skip_special_tokens=True)
 
+    @property
+    def lowercases(self) -> bool:
+        """The tokenizer lowercases its input (a lowercased model: its output is lowercase)."""
+        norm = self.tokenizer.normalizer
+        return norm is not None and norm.normalize_str("A") == "a"
+
     def digest(self) -> str:
         return hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()[:16]
 
@@ -109,8 +116,10 @@ class Vocabs:
 
 
 def new_tokenizer(normalization: str) -> Tokenizer:
+    """An untrained BPE tokenizer; `normalization` as `tokenizer.normalization` ("NFC", "NFC+Lowercase")."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.normalizer = getattr(normalizers, normalization)()
+    steps = [getattr(normalizers, name)() for name in normalization.split("+")]
+    tok.normalizer = steps[0] if len(steps) == 1 else normalizers.Sequence(steps)
     # Spaces become "▁" (kept on the following word); punctuation is split off so that "dog." and "dog" share
     # a subword, which matters on small corpora. Both steps are undone exactly by the Metaspace decoder.
     tok.pre_tokenizer = pre_tokenizers.Sequence(

@@ -116,6 +116,8 @@ def test_wrong_type_fails():
         ("train.cooldown=0.2", "train.cooldown=0.2"),  # no max_updates/max_time to anneal at the end of
         ("train.cooldown=1.5", "train.cooldown"),
         ("train.bpe_dropout=1.0", "train.bpe_dropout"),
+        ("tokenizer.normalization=NFC+Upper", "tokenizer.normalization='Upper'"),
+        ("tokenizer.normalization=nfc", "tokenizer.normalization='nfc'"),
     ],
 )
 def test_bad_values_name_their_key(override, key):

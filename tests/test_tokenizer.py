@@ -1,10 +1,13 @@
-"""BPE training, special-token ids, lossless round trip on real Multi30k val, reuse of a trained tokenizer."""
+"""BPE training, special-token ids, lossless round trip on real Multi30k val, reuse of a trained tokenizer,
+lowercasing."""
+
+from types import SimpleNamespace
 
 import datasets
 import pytest
 
-from mt import data
-from mt.config import DataConfig, TokenizerConfig
+from mt import data, evaluation
+from mt.config import DataConfig, DecodeConfig, TokenizerConfig
 from mt.corpus import build_vocabs, tokenize
 from mt.tokenizer import BOS, EOS, PAD, UNK, Vocab
 from tests.conftest import MULTI30K, needs_multi30k
@@ -79,3 +82,33 @@ def test_broken_tokenizer_file(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match="not a usable tokenizer.json"):
         Vocab.from_file(tmp_path / "tokenizer.json")
+
+
+def test_a_lowercasing_tokenizer_learns_and_reads_lowercase_text(tmp_path):
+    pairs = data.TextPairs.of_table(tiny_train())
+    cfg = TokenizerConfig(vocab_size=60, min_frequency=1, normalization="NFC+Lowercase")
+    vocab = build_vocabs(cfg, pairs, tmp_path / "lc").tgt
+    assert vocab.lowercases and Vocab.from_file(tmp_path / "lc" / "tokenizer.json").lowercases  # as translate loads it
+    assert vocab.tokenizer.token_to_id("▁Hund") is None and vocab.tokenizer.token_to_id("▁hund") is not None
+    assert vocab.encode("Der HUND rennt") == vocab.encode("der hund rennt")
+    assert vocab.decode(vocab.encode("Der Hund rennt")) == "der hund rennt"
+    cased = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), pairs, tmp_path / "cased").tgt
+    assert not cased.lowercases and cased.decode(cased.encode("der Hund rennt")) == "der Hund rennt"
+    assert cased.tokenizer.normalizer.__class__.__name__ == "NFC"  # one step stays one normalizer: digests unchanged
+
+
+@pytest.mark.parametrize("normalization, lowercases", [("NFC+Lowercase", True), ("NFC", False)])
+def test_a_lowercased_model_is_selected_by_lowercased_bleu(tmp_path, monkeypatch, normalization, lowercases):
+    refs = ["der Hund rennt eine kleine Katze rennt", "eine kleine Katze der Hund rennt"] * 3  # seen characters
+    cfg = TokenizerConfig(vocab_size=60, min_frequency=1, normalization=normalization)
+    vocabs = build_vocabs(cfg, data.TextPairs.of_table(tiny_train()), tmp_path)
+    # the search "translates" each sentence into its reference, lowercased when the tokenizer lowercases
+    ds = datasets.Dataset.from_dict({"src_ids": [vocabs.src.encode(r) for r in refs], "tgt": refs})
+    fake = lambda model, src_ids, *rest: [[SimpleNamespace(tokens=ids)] for ids in src_ids]  # noqa: E731
+    monkeypatch.setattr(evaluation, "translate_ids", fake)
+    result = evaluation.validation_bleu(None, ds, vocabs, DecodeConfig(), None, None)
+    cased = evaluation.score(vocabs.tgt.decode_batch(list(ds["src_ids"])), refs)["bleu"]
+    assert result["valid_bleu"] == 100.0 and (cased < 100.0) == lowercases
+    report = evaluation.write_report(tmp_path, "val", refs, refs, refs, {}, vocabs.tgt.lowercases)
+    assert report.get("lowercased_model", False) == lowercases
+    assert ("The model lowercases" in (tmp_path / "val.report.md").read_text()) == lowercases
