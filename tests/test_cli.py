@@ -343,6 +343,24 @@ def test_prepare_then_train_reuses_the_prepared_corpus(toy_corpus, tmp_path):
     assert "tokenized 200 pairs" not in p.stderr
 
 
+def test_a_lowercased_run_reads_any_casing_alike_and_its_report_says_so(toy_corpus, tmp_path):
+    """tokenizer.normalization=NFC+Lowercase end to end: the run's tokenizer lowercases what translate.py reads, and
+    the test report, scored against cased references, is marked as a lowercased model's."""
+    refs = toy_corpus / "test.yy"
+    refs.write_text("".join(line.capitalize() + "\n" for line in refs.read_text().splitlines()))
+    run_dir = tmp_path / "run"
+    run(["train.py", "data=local", f"data.dir={toy_corpus}", "data.src_lang=xx", "data.tgt_lang=yy",
+         f"data.cache_dir={tmp_path / 'cache'}", "tokenizer.vocab_size=60", "tokenizer.min_frequency=1",
+         "tokenizer.normalization=NFC+Lowercase", "model=transformer_tiny", f"run_dir={run_dir}",
+         "train.max_updates=20", "train.valid_bleu=false", "train.progress=false", "train.device=cpu",
+         "train.average_last=0"])  # fmt: skip
+    report = json.loads((run_dir / "test.report.json").read_text())
+    assert report.get("lowercased_model") and "The model lowercases" in (run_dir / "test.report.md").read_text()
+    out = run(["translate.py", f"checkpoint={run_dir}"], input="The Big Dog SEES a Cat\nthe big dog sees a cat\n")
+    first, second = out.stdout.splitlines()
+    assert first == second == first.lower()
+
+
 def torchrun(args: list[str]) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
