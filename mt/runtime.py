@@ -74,23 +74,30 @@ def training_device(name: str, quantize: str) -> torch.device:
     return device
 
 
-# On an AMX CPU a bf16 training step pays only from this model width up: d 512 1.63x fp32, d 256 1.09x, d 128
-# 0.71x (benchmarks/train_precision.py, Intel Xeon with AMX, 2026-11-25); narrower models spend more in the casts
-# and small ops than AMX saves in the matmuls.
-AMX_BF16_MIN_WIDTH = 256
+# A bf16 training step on a CPU with bf16 instructions pays only from this model width up: with AMX (Intel Xeon)
+# d 512 1.63x fp32, d 256 1.09x, d 128 0.71x; with AVX512-BF16 and no AMX (AMD EPYC Zen 4) d 512 1.56x, d 256
+# 1.21x, d 128 0.89x (benchmarks/train_precision.py, 2026-11-25). Narrower models spend more in the casts and small
+# ops than the bf16 products save.
+CPU_BF16_MIN_WIDTH = 256
+
+
+def cpu_has_bf16() -> bool:
+    """The CPU multiplies bf16 natively (AMX tiles or AVX512-BF16 dot products); elsewhere torch emulates bf16,
+    ~3x slower than fp32."""
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch's private CPU-feature checks
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def pick_autocast(precision: str, device: torch.device, width: int | None = None) -> torch.dtype | None:
-    """The autocast dtype, or None for fp32. `auto` = bf16 where the hardware runs it natively (AMX CPUs, for models
-    at least AMX_BF16_MIN_WIDTH wide when `width`, the model's d_model, is given; Ampere and newer GPUs), fp16 on
-    older CUDA GPUs, fp32 on other CPUs (emulated bf16 is slower than fp32 there)."""
+    """The autocast dtype, or None for fp32. `auto` = bf16 where the hardware runs it natively (CPUs with AMX or
+    AVX512-BF16, for models at least CPU_BF16_MIN_WIDTH wide when `width`, the model's d_model, is given; Ampere and
+    newer GPUs), fp16 on older CUDA GPUs, fp32 on other CPUs (emulated bf16 is slower than fp32 there)."""
     if precision == "auto":
         if on_cuda(device):  # emulated bf16 (pre-Ampere) would be slow: fp16 with a GradScaler there
             native = torch.cuda.is_bf16_supported(including_emulation=False)
             return torch.bfloat16 if native else torch.float16
-        amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-        wide = width is None or width >= AMX_BF16_MIN_WIDTH
-        return torch.bfloat16 if amx and wide else None
+        wide = width is None or width >= CPU_BF16_MIN_WIDTH
+        return torch.bfloat16 if cpu_has_bf16() and wide else None
     if precision == "fp16" and not on_cuda(device):
         raise ConfigError("train.precision=fp16 needs CUDA (no fp16 GradScaler on CPU); use bf16 or fp32")
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]

@@ -24,15 +24,28 @@ def test_auto_precision_on_cuda_is_native_bf16_else_fp16(monkeypatch, gpu, nativ
     assert runtime.pick_autocast("auto", torch.device("cuda")) is expected, gpu
 
 
-@pytest.mark.parametrize("amx, expected", [(True, torch.bfloat16), (False, None)])
-def test_auto_precision_on_the_cpu_is_bf16_only_with_amx(monkeypatch, amx, expected):
+def fake_cpu(monkeypatch, amx: bool, avx512_bf16: bool) -> None:
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    assert runtime.pick_autocast("auto", torch.device("cpu")) is expected
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+
+
+@pytest.mark.parametrize(
+    "cpu, amx, avx512_bf16, expected",
+    [
+        ("Intel Xeon with AMX", True, True, torch.bfloat16),
+        ("AMD EPYC Zen 4", False, True, torch.bfloat16),
+        ("AVX-512 or AVX2 only", False, False, None),
+    ],
+)
+def test_auto_precision_on_the_cpu_is_bf16_only_with_bf16_instructions(monkeypatch, cpu, amx, avx512_bf16, expected):
+    fake_cpu(monkeypatch, amx, avx512_bf16)
+    assert runtime.pick_autocast("auto", torch.device("cpu")) is expected, cpu
 
 
 @pytest.mark.parametrize("width, expected", [(128, None), (255, None), (256, torch.bfloat16), (512, torch.bfloat16)])
-def test_auto_precision_on_an_amx_cpu_is_fp32_for_narrow_models(monkeypatch, width, expected):
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+@pytest.mark.parametrize("amx", [True, False])
+def test_auto_precision_on_a_bf16_cpu_is_fp32_for_narrow_models(monkeypatch, amx, width, expected):
+    fake_cpu(monkeypatch, amx, avx512_bf16=True)
     assert runtime.pick_autocast("auto", torch.device("cpu"), width) is expected
     assert runtime.pick_autocast("bf16", torch.device("cpu"), width) is torch.bfloat16  # asked for: always
 
