@@ -47,7 +47,8 @@ def main(dcfg: DictConfig) -> None:
         data = (ckpt.get("config") or {}).get("data", {})
         info = {"model": ckpt["path"], "engine": type(translator.model).__name__, "src_lang": data.get("src_lang"),
                 "tgt_lang": data.get("tgt_lang"), "target_languages": sorted(translator.targets),
-                "test_scores": test_scores(ckpt["path"]),
+                "default_tgt_lang": cfg.tgt_lang,
+                "test_scores": test_scores(ckpt),
                 "model_config": ckpt["model_args"]}  # fmt: skip
         app = create_app(translator, cfg, info)
         sock = listening_socket(cfg.host, cfg.port)

@@ -243,6 +243,8 @@ class ServeConfig:
     max_beam: int = 16
     max_body_bytes: int = 1_000_000  # a larger request body is refused (413) before it is read to the end
     max_output_tokens: int = 256  # a served translation's length cap (decode.max_len), whatever the source
+    max_queue_tokens: int = 32000  # source tokens all waiting requests may hold; beyond: 503 with Retry-After
+    request_timeout_s: float = 60.0  # a request not answered by then gets a 503 (and is not decoded later)
 
 
 def register_configs() -> None:
@@ -268,7 +270,7 @@ def to_dataclass(cfg: DictConfig) -> Any:
         validate_decode(obj.decode)
         _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
         for key in ("batch_tokens", "max_sentences", "max_request_tokens", "max_beam", "max_body_bytes",
-                    "max_output_tokens"):  # fmt: skip
+                    "max_output_tokens", "max_queue_tokens", "request_timeout_s"):  # fmt: skip
             if getattr(obj, key) < 1:
                 raise ConfigError(f"{key}={getattr(obj, key)} is below its minimum 1; fix the override")
         if not 0 <= obj.port <= 65535:

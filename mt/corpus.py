@@ -15,11 +15,11 @@ from pathlib import Path
 
 import datasets
 import numpy as np
-import torch.distributed as dist
 from datasets.arrow_writer import ArrowWriter
 
 from mt import checkpoint, data
 from mt.batching import BatchLoader, TokenBucketSampler
+from mt.bpe_dropout import BPEDropoutSegments
 from mt.config import Config, ConfigError, CorpusConfig, DataConfig, TokenizerConfig, parse_direction
 from mt.data import TextPairs
 from mt.tokenizer import (
@@ -30,7 +30,6 @@ from mt.tokenizer import (
     sample_pairs,
     train_vocab,
     train_vocab_on,
-    with_bpe_dropout,
 )
 
 log = logging.getLogger(__name__)
@@ -87,13 +86,21 @@ class Corpus:
 
 def training_parts(dc: DataConfig) -> list[tuple[DataConfig, str | None, float]]:
     """(data config, tag, weight) of each training corpus: each direction of `data.directions` (the main corpus in
-    that direction, its target-language token as tag) and each of `data.corpora`; or the main corpus alone."""
+    that direction, its target-language token as tag) and each of `data.corpora` (in a multilingual run also led
+    by its target language's token, as inference will lead it); or the main corpus alone."""
     parts = [(direction_config(dc, d), target_token(parse_direction(d)[1]), 1.0) for d in dc.directions]
     for i, c in enumerate(dc.corpora):
         if c.dir is not None and not Path(c.dir).is_dir():
             raise data.DataError(f"data.corpora[{i}].dir={c.dir!r} is not a directory; point it at that corpus's "
                                  "files ({split}.{lang}[.gz] for the parallel format)")  # fmt: skip
-        parts.append((data.corpus_config(dc, c), c.tag, c.weight))
+        config, tag = data.corpus_config(dc, c), c.tag
+        if dc.directions:
+            if tag is not None:
+                raise ConfigError(f"data.corpora[{i}].tag={tag}: in a data.directions run each source starts with "
+                                  f"its target-language token ({target_token(config.tgt_lang)}), and a second tag "
+                                  "is not supported; unset the tag")  # fmt: skip
+            tag = target_token(config.tgt_lang)
+        parts.append((config, tag, c.weight))
     return parts or [(dc, None, 1.0)]
 
 
@@ -122,6 +129,11 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
     every = texts[0] if len(texts) == 1 else data.ChainedPairs(texts)
     languages = [(t, p.src_lang, p.tgt_lang) for t, (p, _, _) in zip(texts, parts)] if dc.directions else None
     vocabs = build_vocabs(cfg.tokenizer, every, run_dir, resuming, data.cache_root(dc), tags, languages)
+    missing = [tag for tag in tags if vocabs.src.tokenizer.token_to_id(tag) is None]
+    if missing:
+        raise ConfigError(f"tokenizer.path={cfg.tokenizer.path}: has no {missing[0]} token, which this run puts before "
+                          "sources (data.directions, data.corpora tags); unset tokenizer.path to train one with "
+                          "it")  # fmt: skip
     max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
     tables, lengths, kept, tag_ids = [], [], [], []
     for text, (_, tag, _) in zip(texts, parts):
@@ -416,41 +428,3 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
 
 # BPE-dropout keeps the training text and this epoch's ids as Python lists (~1 KB a pair with both sides).
 BPE_DROPOUT_MAX_PAIRS = 500_000
-
-
-class BPEDropoutSegments:
-    """The training pairs segmented afresh for every epoch with BPE-dropout (Provilkov et al., 2020).
-
-    Each BPE merge is skipped with probability p, so a word reaches the model in several segmentations. Indexing
-    it like a `datasets.Dataset` (`segments[indices]`) gives this epoch's ids, so a BatchLoader reads from it.
-    A segmentation longer than `max_len` falls back to the deterministic one. `tokenizers` draws from an RNG that
-    cannot be seeded: a resumed run sees other segmentations than an uninterrupted one would, and under DDP rank 0
-    segments and broadcasts so that every rank cuts the same batches.
-    """
-
-    def __init__(self, corpus: Corpus, p: float, max_len: int, world: int, rank: int):
-        pairs = list(corpus.train_text)
-        kept = [pairs[i] for i in corpus.train_rows]
-        self.texts = {"src_ids": [s for s, _ in kept], "tgt_ids": [t for _, t in kept]}
-        ids = corpus.train.select_columns(["src_ids", "tgt_ids"])[:]
-        self.fallback = {"src_ids": ids["src_ids"], "tgt_ids": ids["tgt_ids"]}
-        self.ids = dict(self.fallback)
-        vocabs = corpus.vocabs
-        src = with_bpe_dropout(vocabs.src, p)
-        self.tokenizers = {"src_ids": src, "tgt_ids": src if vocabs.joint else with_bpe_dropout(vocabs.tgt, p)}
-        self.max_len, self.world, self.rank = max_len, world, rank
-
-    def resegment(self) -> tuple[list[int], list[int]]:
-        """Draw this epoch's segmentation; returns the source and target lengths the sampler batches by."""
-        if self.rank == 0:
-            for side, tok in self.tokenizers.items():
-                drawn = (e.ids for e in tok.encode_batch(self.texts[side], add_special_tokens=False))
-                self.ids[side] = [d if len(d) <= self.max_len else f for d, f in zip(drawn, self.fallback[side])]
-        if self.world > 1:
-            shared = [self.ids]
-            dist.broadcast_object_list(shared, src=0)
-            self.ids = shared[0]
-        return [len(x) + 1 for x in self.ids["src_ids"]], [len(x) + 1 for x in self.ids["tgt_ids"]]  # + </s>, <s>
-
-    def __getitem__(self, indices: list[int]) -> dict:
-        return {side: [ids[i] for i in indices] for side, ids in self.ids.items()}

@@ -136,8 +136,10 @@ def _jsonl_pairs(path: str, src: str, tgt: str, fingerprint: str) -> Iterator[di
         yield {"src": pair[0].strip(), "tgt": pair[1].strip()}
 
 
-def _fingerprint(*paths: Path) -> str:
-    h = hashlib.sha256()
+def _fingerprint(*paths: Path, reads: str = "") -> str:
+    """The files' identity (path, size, mtime) and what is read from them (`reads`: a TSV's columns, a JSONL's keys),
+    so that the caches keyed on it never serve one direction of a multi-way file for another."""
+    h = hashlib.sha256(reads.encode())
     for p in paths:
         st = p.stat()
         h.update(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode())
@@ -181,8 +183,8 @@ def _tsv_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
         "path": str(path),
         "src_col": cfg.columns.index(cfg.src_lang),
         "tgt_col": cfg.columns.index(cfg.tgt_lang),
-        "fingerprint": _fingerprint(path),
     }
+    kwargs["fingerprint"] = _fingerprint(path, reads=f"tsv columns {kwargs['src_col']} -> {kwargs['tgt_col']}")
     return _tsv_pairs, kwargs
 
 
@@ -190,7 +192,9 @@ def _jsonl_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
     path = dir / f"{split}.jsonl"
     if not path.is_file():
         raise DataError(f"{path}: no such file; check data.dir and the split name")
-    kwargs = {"path": str(path), "src": cfg.src_lang, "tgt": cfg.tgt_lang, "fingerprint": _fingerprint(path)}
+    reads = f"jsonl keys {cfg.src_lang!r} -> {cfg.tgt_lang!r}"
+    kwargs = {"path": str(path), "src": cfg.src_lang, "tgt": cfg.tgt_lang}
+    kwargs["fingerprint"] = _fingerprint(path, reads=reads)
     return _jsonl_pairs, kwargs
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from mt.checkpoint import RELEASE_FORMAT
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.ct2 import require_ctranslate2
 from mt.errors import USER_ERRORS
+from mt.export_dir import export_dir
 from mt.model import Transformer
 from mt.model_card import model_card
 from mt.tokenizer import BOS, EOS, PAD, UNK, Vocabs
@@ -108,30 +108,25 @@ def ctranslate2_spec(model: Transformer, vocabs: Vocabs):
     return spec
 
 
-class _SpecConverter:
-    """CTranslate2's Converter runs `_load()` to get the spec; ours is already built."""
-
-    def __init__(self, spec):
-        self.spec = spec
-
-    def convert(self, out_dir: str, quantization: str | None, force: bool) -> str:
-        from ctranslate2.converters.converter import Converter
-
-        converter = type("MtConverter", (Converter,), {"_load": lambda _: self.spec})()
-        return converter.convert(out_dir, quantization=quantization, force=force)
-
-
 def export_ctranslate2(source: str, out_dir: Path, quantization: str | None = None) -> Path:
     ckpt = checkpoint.load(source)
     model, vocabs = checkpoint.build_model(ckpt)
-    return write_ctranslate2(model, vocabs, out_dir, quantization, _shareable_config(ckpt), str(ckpt["path"]))
+    with export_dir(out_dir, "ctranslate2", Path(ckpt["path"])) as staging:
+        write_ctranslate2(model, vocabs, staging, quantization, _shareable_config(ckpt), str(ckpt["path"]))
+    return out_dir
 
 
 def write_ctranslate2(
     model: Transformer, vocabs: Vocabs, out_dir: Path, quantization: str | None, config: dict, source: str = ""
 ) -> Path:
-    """The CTranslate2 model directory, with our tokenizer files and `mt.json` (model and decode settings)."""
-    _SpecConverter(ctranslate2_spec(model, vocabs)).convert(str(out_dir), quantization, force=True)
+    """The CTranslate2 model directory, with our tokenizer files and `mt.json` (model and decode settings), written
+    into `out_dir` (created if missing). What CTranslate2's Converter does, without its `force`, which deletes the
+    whole output directory first."""
+    spec = ctranslate2_spec(model, vocabs)
+    spec.validate()
+    spec.optimize(quantization=quantization)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    spec.save(str(out_dir))
     vocabs.save(out_dir)
     meta = {"format": CT2_FORMAT, "source": source, "quantization": quantization or "float32"}
     meta |= {"model_args": model.config_dict(), "config": config}
@@ -161,14 +156,12 @@ def export_release(source: str, out_dir: Path) -> Path:
 
     ckpt = checkpoint.load(source)
     model, vocabs = checkpoint.build_model(ckpt)
-    if out_dir.exists() and any(out_dir.iterdir()):
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_model(model, str(out_dir / "model.safetensors"))
-    vocabs.save(out_dir)
-    config = {"format": RELEASE_FORMAT, "model_args": model.config_dict(), "config": _shareable_config(ckpt)}
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
-    (out_dir / "README.md").write_text(model_card(ckpt, model, out_dir.resolve().name), encoding="utf-8")
+    with export_dir(out_dir, "release", Path(ckpt["path"])) as staging:
+        save_model(model, str(staging / "model.safetensors"))
+        vocabs.save(staging)
+        config = {"format": RELEASE_FORMAT, "model_args": model.config_dict(), "config": _shareable_config(ckpt)}
+        (staging / "config.json").write_text(json.dumps(config, indent=2))
+        (staging / "README.md").write_text(model_card(ckpt, model, out_dir.resolve().name), encoding="utf-8")
     return out_dir
 
 

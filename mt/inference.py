@@ -142,12 +142,13 @@ def open_output(path: str):
         raise ConfigError(f"output={path}: cannot be written ({e.strerror}); give a writable path") from None
 
 
-def encode_within_positions(vocabs: Vocabs, lines: list[str], limit: int) -> list[list[int]]:
-    """Source ids of each line, cut to `limit` tokens (the model's positions, less one for </s>) with a warning."""
+def encode_within_positions(vocabs: Vocabs, lines: list[str], limit: int, first_line: int = 0) -> list[list[int]]:
+    """Source ids of each line, cut to `limit` tokens (the model's positions, less one for </s>) with a warning
+    naming the line's number in its input (`first_line`: the 0-based number of `lines[0]`)."""
     src_ids = vocabs.src.encode_batch(lines)
     for i, ids in enumerate(src_ids):
         if len(ids) > limit:
-            log.warning("line %d: %d tokens, truncated to the model's %d", i + 1, len(ids), limit)
+            log.warning("line %d: %d tokens, truncated to the model's %d", first_line + i + 1, len(ids), limit)
             src_ids[i] = ids[:limit]
     return src_ids
 
@@ -182,15 +183,18 @@ def write_output(stream, lines: list[str]) -> None:
     stream.flush()
 
 
-def read_references(spec: str, ckpt: dict, n: int) -> list[str]:
-    """References from a file, or from a split of the checkpoint's data config; must have `n` lines."""
+def read_references(spec: str, ckpt: dict, n: int, tgt_lang: str | None = None) -> list[str]:
+    """References from a file, or from a split of the checkpoint's data config in `tgt_lang` (a multilingual model's
+    target language; default: the run's target language); must have `n` lines."""
     if Path(spec).is_file():
         refs, where = [line.strip() for line in data.read_lines(Path(spec))], spec
     else:
         dc = DataConfig(**ckpt["config"]["data"])
-        path = data.split_path(dc, spec, dc.tgt_lang)
+        lang = tgt_lang or dc.tgt_lang
+        path = data.split_path(dc, spec, lang)
         if path is None:
-            raise ConfigError(f"references={spec}: neither a file nor a split of the local corpus {dc.dir}")
+            raise ConfigError(f"references={spec}: neither a file nor a split of the local corpus {dc.dir} in "
+                              f"{lang} ({spec}.{lang}[.gz])")  # fmt: skip
         refs, where = [line.strip() for line in data.read_lines(path)], str(path)
     if len(refs) != n:
         raise data.DataError(f"{where} has {len(refs)} lines but the input has {n}; give references for every line")
@@ -333,7 +337,8 @@ def translate_stream(cfg: TranslateConfig, translator) -> None:
 def translate_whole(cfg: TranslateConfig, translator) -> None:
     """The whole input at once, for a report against references and for the attention plot."""
     lines, ckpt, vocabs = read_input(cfg.input, cfg.input_errors), translator.checkpoint, translator.vocabs
-    refs = read_references(cfg.references, ckpt, len(lines)) if cfg.references else None
+    target = translator.target_id() and translator.tgt_lang  # a multilingual model's language, checked first
+    refs = read_references(cfg.references, ckpt, len(lines), target) if cfg.references else None
     prefix = None
     if cfg.prefix:
         prefixes = PrefixFile(cfg.prefix)

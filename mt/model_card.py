@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
 import yaml
 
 from mt.model import Transformer
@@ -18,15 +19,35 @@ def run_files(ckpt: dict) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def test_reports(run_dir: Path) -> list[dict]:
-    """The run's `{split}.report.json` files (train.py writes one per test split)."""
+def test_reports(ckpt: dict) -> list[dict]:
+    """The test reports of the weights in `ckpt`: the `{split}.report.json` files train.py wrote beside the run's
+    checkpoint_final.pt, if `ckpt` is that checkpoint or holds the same weights (the best checkpoint it chose);
+    none for any other (checkpoint_last.pt, an epoch's), whose scores were never measured."""
+    path = Path(ckpt["path"])
+    final = path.parent / "checkpoint_final.pt"
+    if path.suffix != ".pt" or not final.is_file():
+        return []
+    if path.resolve() != final.resolve():
+        from mt import checkpoint
+
+        theirs, ours = checkpoint.load(final)["model"], ckpt["model"]
+        if theirs.keys() != ours.keys() or not all(torch.equal(theirs[k], ours[k]) for k in ours):
+            return []
     reports = []
-    for path in sorted(run_dir.glob("*.report.json")):
+    for report in sorted(path.parent.glob("*.report.json")):
         try:
-            reports.append(json.loads(path.read_text()))
+            reports.append(json.loads(report.read_text()))
         except (OSError, ValueError):
             continue
     return reports
+
+
+def task_languages(data: dict, report: dict) -> list[str]:
+    """The languages of the direction a report scores: a multilingual run's report names it (`test.en-fr`)."""
+    for direction in data.get("directions") or []:
+        if report["name"].endswith(f".{direction}"):
+            return direction.split("-")
+    return [lang for lang in (data.get("src_lang"), data.get("tgt_lang")) if lang]
 
 
 def training_command(run_dir: Path) -> str | None:
@@ -40,9 +61,11 @@ def training_command(run_dir: Path) -> str | None:
 
 def front_matter(data: dict, reports: list[dict], name: str) -> dict:
     languages = [lang for lang in (data.get("src_lang"), data.get("tgt_lang")) if lang]
+    for direction in data.get("directions") or []:
+        languages += [lang for lang in direction.split("-") if lang not in languages]
     results = [
         {
-            "task": {"type": "translation", "name": f"Translation {'-'.join(languages)}"},
+            "task": {"type": "translation", "name": f"Translation {'-'.join(task_languages(data, r))}"},
             "dataset": {"name": data.get("name", "unknown"), "type": data.get("name", "unknown"), "split": r["name"]},
             "metrics": [
                 {"type": "bleu", "value": r["bleu"], "name": "BLEU (sacreBLEU, cased)"},
@@ -63,8 +86,9 @@ def model_card(ckpt: dict, model: Transformer, name: str) -> str:
     config = ckpt.get("config") or {}
     data, decode, m = config.get("data", {}), config.get("decode", {}), model.cfg
     run_dir = run_files(ckpt)
-    reports, command = test_reports(run_dir), training_command(run_dir)
-    pair = f"{data.get('src_lang', '?')}->{data.get('tgt_lang', '?')}"
+    reports, command = test_reports(ckpt), training_command(run_dir)
+    directions = [d.replace("-", "->") for d in data.get("directions") or []]  # a multilingual run's
+    pair = ", ".join(directions) or f"{data.get('src_lang', '?')}->{data.get('tgt_lang', '?')}"
     n_params = sum(p.numel() for p in model.parameters())
     lines = [
         "---",
@@ -101,7 +125,8 @@ def model_card(ckpt: dict, model: Transformer, name: str) -> str:
                       f"`{r['chrf_signature']}`"]  # fmt: skip
         lines += ["", f"Decoded with: {json.dumps(reports[0].get('decode', decode))}."]
     else:
-        lines.append("No test report was found beside the checkpoint.")
+        lines.append("No test report scores these weights: train.py's reports score the run's checkpoint_final.pt "
+                     "(export the run dir to publish them).")  # fmt: skip
     lines += [
         "",
         "## Use",

@@ -4,7 +4,8 @@ CTranslate2 export.
     POST /translate {"src": ["...", ...], "beam_size"?: int, "nbest"?: int, "prefix"?: ["...", ...],
                      "sampling"?: bool, "topk"?: int, "topp"?: float, "temperature"?: float, "seed"?: int}
          -> {"translations": ["...", ...]}  (nbest > 1: [[{"text": .., "score": ..}, ...], ...]), order kept
-    GET  /health -> {"status": "ok"};  GET /info -> model, languages, test scores, decode settings, limits
+    GET  /health -> {"status": "ok", "worker_restarts": n} (503 "down" if the decoding worker is not running)
+    GET  /info -> model, languages, test scores, decode settings, limits, counters
     GET  /       -> a page to try the model in a browser (mt/page.html: no external scripts, fonts or styles)
 
 Requests that arrive together are decoded together: a single worker takes the first waiting request, collects the
@@ -13,7 +14,9 @@ others that arrive within `batch_wait_ms` (or that arrived while the previous ba
 with its own lines. Bad requests get a 4xx with a one-line JSON error ({"error": "..."}) and the server goes on.
 What one request may cost is bounded: its body (`max_body_bytes`, refused while it arrives), its source tokens
 (`max_request_tokens`, counted before lines are cut to the model), its sentences, beam and output length
-(`max_output_tokens`), so that no client holds the one decoding worker for long.
+(`max_output_tokens`), so that no client holds the one decoding worker for long; and what all of them may queue
+(`max_queue_tokens`: beyond it a 503 with Retry-After), how long a request may wait for its answer
+(`request_timeout_s`), and a request whose client has gone is dropped before it is decoded.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import dataclasses
 import errno
 import json
 import logging
+import math
 import socket
 import time
 from collections import defaultdict
@@ -59,16 +63,14 @@ class TranslateRequest(BaseModel):
 
 
 class BadRequest(Exception):
-    def __init__(self, status: int, message: str):
-        self.status, self.message = status, message
+    def __init__(self, status: int, message: str, headers: dict | None = None):
+        self.status, self.message, self.headers = status, message, headers
 
 
 class BodyLimit:
     """ASGI middleware: a request body over `limit` bytes gets a 413 (by its Content-Length at once, else as soon
-    as the bytes received pass the limit), before anything parses it."""
-
-    class TooLarge(Exception):
-        pass
+    as the bytes received pass the limit, for a chunked body), before anything parses it. The app then sees the
+    client as gone, and what it would answer is dropped."""
 
     def __init__(self, app, limit: int):
         self.app, self.limit = app, limit
@@ -76,29 +78,28 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length", b"0")
-        if not declared.isdigit() or int(declared) > self.limit:
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             return await self.refuse(send)
-        seen, started = 0, False
+        seen, refused = 0, False
 
         async def counted():
-            nonlocal seen
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise BodyLimit.TooLarge
+            if seen > self.limit:  # answered here: an exception would reach FastAPI's body parser, which says 400
+                refused = True
+                await self.refuse(send)
+                return {"type": "http.disconnect"}
             return message
 
-        async def tracked(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
+        async def unless_refused(message):
+            if not refused:
+                await send(message)
 
-        try:
-            await self.app(scope, counted, tracked)
-        except BodyLimit.TooLarge:
-            if not started:
-                await self.refuse(send)
+        await self.app(scope, counted, unless_refused)
 
     async def refuse(self, send) -> None:
         body = json.dumps({"error": f"request body over max_body_bytes={self.limit}; split the request"}).encode()
@@ -112,7 +113,7 @@ class Job:
     src_ids: list[list[int]]
     prefixes: list[list[int]] | None
     decode: DecodeConfig
-    done: asyncio.Future
+    done: asyncio.Future  # cancelled when its client is gone or its time is up: then it is not decoded
     tokens: int = field(init=False)
 
     def __post_init__(self):
@@ -120,34 +121,75 @@ class Job:
 
 
 class Batcher:
-    """One worker that decodes the waiting requests' sentences together (see the module docstring)."""
+    """One worker that decodes the waiting requests' sentences together (see the module docstring), supervised:
+    an exception that escapes it fails the requests it held (503) and starts it again."""
 
-    def __init__(self, decode, wait_s: float, batch_tokens: int):
+    def __init__(self, decode, wait_s: float, batch_tokens: int, max_queue_tokens: int, timeout_s: float):
         self.decode, self.wait_s, self.batch_tokens = decode, wait_s, batch_tokens
+        self.max_queue_tokens, self.timeout_s = max_queue_tokens, timeout_s
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
-        self.batches = self.requests = 0  # counted for /info (and the tests)
+        self.queued_tokens = 0  # source tokens of the jobs waiting in the queue
+        self.taken: list[Job] = []  # the jobs the worker holds now
+        self.tokens_per_s = 0.0  # decoding speed, for Retry-After
+        self.worker: asyncio.Task | None = None
+        # counted for /info and /health (and the tests)
+        self.batches = self.requests = self.dropped = self.refused = self.restarts = 0
 
     async def translate(
-        self, src_ids: list[list[int]], prefixes: list[list[int]] | None, decode: DecodeConfig
+        self, src_ids: list[list[int]], prefixes: list[list[int]] | None, decode: DecodeConfig, gone=None
     ) -> list[list[Hypothesis]]:
+        """The request's hypotheses; a 503 (with Retry-After) when the queue holds `max_queue_tokens` already or the
+        answer takes over `timeout_s`. `gone`: an async callable telling whether the client has disconnected, in
+        which case its job is dropped before it is decoded."""
         job = Job(src_ids, prefixes, decode, asyncio.get_running_loop().create_future())
+        if self.queued_tokens and self.queued_tokens + job.tokens > self.max_queue_tokens:
+            self.refused += 1
+            wait = math.ceil(self.queued_tokens / self.tokens_per_s) if self.tokens_per_s else 1
+            raise BadRequest(503, f"busy: {self.queued_tokens} source tokens are queued (max_queue_tokens="
+                                  f"{self.max_queue_tokens}); retry in {max(wait, 1)} s",
+                             {"Retry-After": str(max(wait, 1))})  # fmt: skip
+        self.queued_tokens += job.tokens
         await self.queue.put(job)
-        return await job.done
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while not job.done.done():
+                await asyncio.wait([job.done], timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+                if job.done.done():
+                    break
+                if time.monotonic() >= deadline:
+                    raise BadRequest(503, f"not answered within request_timeout_s={self.timeout_s:g}; retry, or "
+                                          "send fewer or shorter lines", {"Retry-After": "1"})  # fmt: skip
+                if gone is not None and await gone():
+                    raise BadRequest(499, "the client closed the request")
+            return job.done.result()
+        finally:
+            job.done.cancel()  # a no-op once answered; otherwise the worker skips the job
+
+    def _take(self, job: Job) -> bool:
+        """Count `job` out of the queue; True if it is still wanted."""
+        self.queued_tokens -= job.tokens
+        if job.done.done():
+            self.dropped += 1
+            return False
+        self.taken.append(job)
+        return True
 
     async def _collect(self) -> list[Job]:
-        jobs = [await self.queue.get()]
-        tokens, deadline = jobs[0].tokens, time.monotonic() + self.wait_s
+        self.taken = []
+        while not self._take(await self.queue.get()):
+            pass
+        tokens, deadline = self.taken[0].tokens, time.monotonic() + self.wait_s
         while tokens < self.batch_tokens:
             try:
                 if self.queue.empty():
                     job = await asyncio.wait_for(self.queue.get(), max(0.0, deadline - time.monotonic()))
                 else:  # arrived while the last batch was decoding: take it now
                     job = self.queue.get_nowait()
-            except TimeoutError:
+            except asyncio.TimeoutError:  # noqa: UP041 (Python 3.10's wait_for raises this, not TimeoutError)
                 break
-            jobs.append(job)
-            tokens += job.tokens
-        return jobs
+            if self._take(job):
+                tokens += job.tokens
+        return self.taken
 
     async def run(self) -> None:
         while True:
@@ -156,21 +198,48 @@ class Batcher:
             for job in jobs:
                 groups[dataclasses.astuple(job.decode)].append(job)
             for group in groups.values():
+                group = [job for job in group if not job.done.done()]  # clients gone while the batch formed
+                if not group:
+                    continue
                 src_ids = [s for job in group for s in job.src_ids]
                 prefixes = [p for job in group for p in (job.prefixes or [[]] * len(job.src_ids))]
                 numbers = [i for job in group for i in range(len(job.src_ids))]  # each request's own line numbers
+                start = time.perf_counter()
                 try:
                     hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode, prefixes, numbers)
                 except Exception as e:  # a decoding failure answers its requests, the server goes on
                     log.exception("decoding failed")
                     for job in group:
-                        job.done.set_exception(e)
+                        if not job.done.done():
+                            job.done.set_exception(e)
                     continue
+                tokens = sum(job.tokens for job in group)
+                self.tokens_per_s = tokens / max(time.perf_counter() - start, 1e-6)
                 self.batches, self.requests = self.batches + 1, self.requests + len(group)
                 start = 0
                 for job in group:
-                    job.done.set_result(hyps[start : start + len(job.src_ids)])
+                    if not job.done.done():  # (its client may have left during the decode)
+                        job.done.set_result(hyps[start : start + len(job.src_ids)])
                     start += len(job.src_ids)
+
+    async def supervise(self) -> None:
+        """`run`, started again whenever an exception escapes it; the requests it held get a 503."""
+        while True:
+            try:
+                await self.run()
+            except Exception:
+                self.restarts += 1
+                log.exception("the decoding worker failed; restarting it (restart %d)", self.restarts)
+                for job in self.taken:
+                    if not job.done.done():
+                        job.done.set_exception(BadRequest(503, "the decoding worker failed; retry the request"))
+
+    def start(self) -> None:
+        self.worker = asyncio.get_running_loop().create_task(self.supervise())
+
+    @property
+    def alive(self) -> bool:
+        return self.worker is not None and not self.worker.done()
 
 
 def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
@@ -181,13 +250,14 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
         prefixes = prefixes if any(prefixes) else None
         return decode_ids(model, src_ids, settings, translator.device, translator.amp, prefixes, numbers)
 
-    batcher = Batcher(decode, cfg.batch_wait_ms / 1000, cfg.batch_tokens)
+    batcher = Batcher(decode, cfg.batch_wait_ms / 1000, cfg.batch_tokens, cfg.max_queue_tokens,
+                      cfg.request_timeout_s)  # fmt: skip
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        worker = asyncio.create_task(batcher.run())
+        batcher.start()
         yield
-        worker.cancel()
+        batcher.worker.cancel()
 
     app = FastAPI(title="mt translation server", lifespan=lifespan)
     app.state.batcher = batcher
@@ -209,11 +279,13 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
 
     @app.exception_handler(BadRequest)
     async def bad(request: Request, e: BadRequest) -> JSONResponse:
-        return JSONResponse({"error": e.message}, status_code=e.status)
+        return JSONResponse({"error": e.message}, status_code=e.status, headers=e.headers)
 
     @app.get("/health")
-    async def health() -> dict:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        if not batcher.alive:
+            return JSONResponse({"status": "down", "worker_restarts": batcher.restarts}, status_code=503)
+        return JSONResponse({"status": "ok", "worker_restarts": batcher.restarts})
 
     @app.get("/", response_class=HTMLResponse)
     async def page() -> str:
@@ -222,15 +294,17 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
     @app.get("/info")
     async def about() -> dict:
         limits = {k: getattr(cfg, k) for k in ("max_sentences", "max_request_tokens", "max_beam", "max_body_bytes",
-                                               "max_output_tokens")}  # fmt: skip
-        served = {"batches": batcher.batches, "requests": batcher.requests}
+                                               "max_output_tokens", "max_queue_tokens",
+                                               "request_timeout_s")}  # fmt: skip
+        served = {k: getattr(batcher, k) for k in ("batches", "requests", "dropped", "refused", "restarts",
+                                                   "queued_tokens")}  # fmt: skip
         return {**info, "decode": dataclasses.asdict(cfg.decode), "limits": limits, "served": served}
 
     @app.post("/translate")
-    async def translate(req: TranslateRequest) -> dict:
+    async def translate(req: TranslateRequest, request: Request) -> dict:
         decode = _request_decode(req, cfg, translator)
         src_ids, prefixes, warnings = _request_sources(req, cfg, translator, decode)
-        hyps = await batcher.translate(src_ids, prefixes, decode)
+        hyps = await batcher.translate(src_ids, prefixes, decode, gone=request.is_disconnected)
         if decode.nbest == 1:
             out: dict = {"translations": vocabs.tgt.decode_batch([h[0].tokens for h in hyps])}
         else:
@@ -310,14 +384,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def test_scores(path: str) -> list[dict]:
-    """The test reports a run wrote beside the checkpoint: [{split, bleu, bleu_lowercase, chrf}]."""
-    where = Path(path) if Path(path).is_dir() else Path(path).parent
-    scores = []
-    for report in sorted(where.glob("*.report.json")):
-        try:
-            r = json.loads(report.read_text())
-            scores.append({"split": r["name"], **{k: r[k] for k in ("bleu", "bleu_lowercase", "chrf")}})
-        except (OSError, ValueError, KeyError):
-            continue
-    return scores
+def test_scores(ckpt: dict) -> list[dict]:
+    """The scores of the served weights' test reports (mt.model_card.test_reports): [{split, bleu, bleu_lowercase,
+    chrf}]."""
+    from mt.model_card import test_reports
+
+    return [{"split": r["name"], **{k: r[k] for k in ("bleu", "bleu_lowercase", "chrf") if k in r}}
+            for r in test_reports(ckpt)]  # fmt: skip

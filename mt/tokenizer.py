@@ -3,7 +3,7 @@
 Metaspace turns spaces into a visible marker (as SentencePiece does) and its decoder turns them back, and the
 punctuation split only cuts between characters, so `decode(encode(s)) == s` for any NFC text whose characters
 were seen in training (with the default normalization; "NFC+Lowercase" lowercases on the way in). Special tokens
-take fixed ids: <pad>=0, <unk>=1, <s>=2, </s>=3.
+take fixed ids: <pad>=0, <unk>=1, <s>=2, </s>=3; their text in an input is plain text, never the special id.
 """
 
 from __future__ import annotations
@@ -36,6 +36,10 @@ class Vocab:
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
+        # Text is text: "<pad>", "</s>" or "<2fr>" typed in an input are split like any other characters, never
+        # matched as the special token (which would mask a source as padding, end a prefix or pick a language).
+        # The model's specials come from ids, not from text. (A setting of the object, not saved in the JSON.)
+        tokenizer.encode_special_tokens = True
         for i, tok in enumerate(SPECIALS):
             if tokenizer.token_to_id(tok) != i:
                 raise TokenizerError(f"tokenizer has {tok} at id {tokenizer.token_to_id(tok)}, expected {i}")
@@ -81,6 +85,7 @@ def with_bpe_dropout(vocab: Vocab, p: float) -> Tokenizer:
     """A copy of `vocab`'s tokenizer that skips each BPE merge with probability `p` (for training data only)."""
     tok = Tokenizer.from_str(vocab.tokenizer.to_str())
     tok.model.dropout = p
+    tok.encode_special_tokens = True  # as Vocab's
     return tok
 
 

@@ -53,12 +53,15 @@ def target_tokens(vocabs) -> dict[str, int]:
 
 def decode_settings(saved: dict | None, overrides: dict) -> DecodeConfig:
     """The decoding settings a checkpoint's run saved (its recipe's beam and length penalty), with `overrides` on
-    top; an unknown name or a bad value is a one-line ConfigError."""
+    top (sampling without a beam size given: beam 1, not the saved beam); an unknown name or a bad value is a
+    one-line ConfigError."""
     unknown = sorted(set(overrides) - DECODE_KEYS)
     if unknown:
         raise ConfigError(f"decode setting {unknown[0]!r} is unknown; known: {', '.join(sorted(DECODE_KEYS))}")
-    base = {k: v for k, v in (saved or {}).items() if k in DECODE_KEYS}
-    cfg = DecodeConfig(**{**base, **overrides})
+    settings = {**{k: v for k, v in (saved or {}).items() if k in DECODE_KEYS}, **overrides}
+    if settings.get("sampling") and "beam_size" not in overrides:  # sampling draws one token at a time
+        settings["beam_size"] = 1
+    cfg = DecodeConfig(**settings)
     validate_decode(cfg)
     return cfg
 
@@ -164,18 +167,19 @@ class Translator:
         `lines[0]` in its input (0-based), which with `decode.seed` decides its samples; `tgt_lang`: a
         multilingual model's target language (default: the translator's)."""
         decode = decode or self.decode
-        src_ids = self.encode_sources(lines, tgt_lang)
+        src_ids = self.encode_sources(lines, tgt_lang, first_line)
         prefix_ids = self.encode_prefixes(prefixes, src_ids, decode, where, first_line)
         numbers = list(range(first_line, first_line + len(lines)))
         return src_ids, decode_ids(self.model, src_ids, decode, self.device, self.amp, prefix_ids, numbers)
 
-    def encode_sources(self, lines: list[str], tgt_lang: str | None = None) -> list[list[int]]:
+    def encode_sources(self, lines: list[str], tgt_lang: str | None = None, first_line: int = 0) -> list[list[int]]:
         """Source ids within the model's positions, a multilingual model's target-language token first (empty
-        lines stay empty: empty in, empty out)."""
+        lines stay empty: empty in, empty out); `first_line` numbers the lines in truncation warnings."""
         target = self.target_id(tgt_lang)
         if target is None:
-            return encode_within_positions(self.vocabs, lines, self.limit)
-        return [[target, *s] if s else s for s in encode_within_positions(self.vocabs, lines, self.limit - 1)]
+            return encode_within_positions(self.vocabs, lines, self.limit, first_line)
+        cut = encode_within_positions(self.vocabs, lines, self.limit - 1, first_line)
+        return [[target, *s] if s else s for s in cut]
 
     def translate(
         self,
@@ -198,8 +202,6 @@ class Translator:
         multilingual model's target language (default: the one given at load)."""
         if isinstance(lines, str) or not all(isinstance(line, str) for line in lines):
             raise ConfigError("translate: give a list of strings (one sentence each), e.g. translate(['A dog.'])")
-        if sampling and beam_size is None:  # sampling draws one token at a time: not the loaded beam size
-            beam_size = 1
         decode = self.settings(beam_size=beam_size, nbest=nbest, sampling=sampling, topk=topk, topp=topp,
                                temperature=temperature, seed=seed)  # fmt: skip
         _, hyps = self.hypotheses(list(lines), decode, prefix, tgt_lang=tgt_lang)
@@ -214,45 +216,45 @@ class Translator:
         decode: DecodeConfig | None = None,
         prefixes=None,
         where: str = "prefix",
+        tgt_lang: str | None = None,
     ) -> tuple[int, int]:
         """Translate each chunk of lines as it comes and write its output lines at once (n-best: "i ||| text |||
-        score", numbered across chunks); `prefixes.take(n)` gives the next n lines' prefixes (mt.inference's
-        PrefixFile). Returns (lines, output tokens)."""
-        decode, done, n_tokens, held = decode or self.decode, 0, 0, None
+        score", numbered across chunks), so that a program that writes a line and waits gets its translation;
+        `prefixes.take(n)` gives the next n lines' prefixes (mt.inference's PrefixFile), whose surplus lines are
+        an error at the end of the input. Returns (lines, output tokens)."""
+        decode, done, n_tokens = decode or self.decode, 0, 0
         for lines in chunks:
             prefix = prefixes.take(len(lines)) if prefixes is not None else None
-            if held is not None:
-                write_output(out, held)
-            _, hyps = self.hypotheses(lines, decode, prefix, first_line=done, where=where)
+            _, hyps = self.hypotheses(lines, decode, prefix, first_line=done, where=where, tgt_lang=tgt_lang)
             texts = self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
-            output = output_lines(hyps, texts, self.vocabs, decode.nbest, first=done)
+            write_output(out, output_lines(hyps, texts, self.vocabs, decode.nbest, first=done))
             done, n_tokens = done + len(lines), n_tokens + sum(len(h[0].tokens) for h in hyps)
-            if prefixes is None:
-                write_output(out, output)
-            else:  # held until the prefixes of the next chunk, or their end, are known to match the input
-                held = output
         if prefixes is not None:
             prefixes.finish()
-            write_output(out, held or [])
         return done, n_tokens
 
-    def translate_file(self, src: str | Path, out: str | Path, chunk_lines: int = 10_000, **decode) -> int:
+    def translate_file(
+        self, src: str | Path, out: str | Path, chunk_lines: int = 10_000, tgt_lang: str | None = None, **decode
+    ) -> int:
         """Translate the file `src` (plain or .gz, "-" = stdin) into `out` ("-" = stdout), `chunk_lines` lines at a
-        time (bounded memory for any input); `decode`: as `translate`'s settings. Returns the lines translated."""
+        time (bounded memory for any input); `tgt_lang` and `decode`: as `translate`'s. Returns the lines
+        translated."""
         settings = self.settings(**decode)
+        self.target_id(tgt_lang)  # a missing or unknown language fails before the output file is opened
         chunks = input_chunks(str(src), "strict", chunk_lines)
         if str(out) == "-":
-            return self.translate_stream(chunks, sys.stdout, settings)[0]
+            return self.translate_stream(chunks, sys.stdout, settings, tgt_lang=tgt_lang)[0]
         with open(out, "w", encoding="utf-8", newline="\n") as f:
-            return self.translate_stream(chunks, f, settings)[0]
+            return self.translate_stream(chunks, f, settings, tgt_lang=tgt_lang)[0]
 
     @torch.no_grad()
-    def score(self, src_lines: list[str], tgt_lines: list[str]) -> list[float]:
+    def score(self, src_lines: list[str], tgt_lines: list[str], tgt_lang: str | None = None) -> list[float]:
         """The model's log-probability of each target line given its source (forced decoding, </s> included), as
-        corpus filtering and reranking use it; lines longer than the model are cut as in translation."""
+        corpus filtering and reranking use it; lines longer than the model are cut as in translation; `tgt_lang`:
+        a multilingual model's target language (default: the one given at load)."""
         if len(src_lines) != len(tgt_lines):
             raise ConfigError(f"score: {len(src_lines)} source lines but {len(tgt_lines)} target lines; give pairs")
-        src = self.encode_sources(list(src_lines))
+        src = self.encode_sources(list(src_lines), tgt_lang)
         tgt = [t[: self.limit] for t in self.vocabs.tgt.encode_batch(list(tgt_lines))]
         if isinstance(self.model, CTranslate2Model):
             return self.model.score_ids(src, tgt)

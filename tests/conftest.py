@@ -191,3 +191,29 @@ def toy_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("run")
     make_trainer(corpus, run, max_updates=60, max_epochs=10, lr=5e-3).fit(job_start=0)
     return run
+
+
+def multilingual_config(corpus: Path, run_dir: Path, **train):
+    """A toy config for one model of xx->yy and xx->zz (a multi-way toy corpus)."""
+    from dataclasses import replace
+
+    from tests.test_training import make_config
+
+    cfg = make_config(corpus, run_dir, **train)
+    return replace(cfg, data=replace(cfg.data, directions=["xx-yy", "xx-zz"]),
+                   tokenizer=replace(cfg.tokenizer, vocab_size=90))  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def multilingual_run(tmp_path_factory):
+    """A multilingual toy run (xx->yy, xx->zz), trained, validated and tested: (run dir, trainer, finish's result)."""
+    from mt.corpus import prepare_data
+    from mt.finish import finish
+    from mt.training import Trainer
+
+    corpus = write_toy_corpus(tmp_path_factory.mktemp("multiway"), multiway=True)
+    run = tmp_path_factory.mktemp("multilingual")
+    cfg = multilingual_config(corpus, run, max_updates=300, max_epochs=30, lr=5e-3, valid_bleu=True)
+    trainer = Trainer(cfg, prepare_data(cfg, run, 128), run)
+    trainer.fit(job_start=0)
+    return run, trainer, finish(trainer)

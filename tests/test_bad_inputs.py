@@ -208,6 +208,24 @@ def _references(c, r, t):
     return [f"checkpoint={r}", f"references={t / 'refs.yy'}"], "a dog\nthe cat\n"
 
 
+def _export_beside(c, r, t):
+    (t / "work").mkdir()
+    write(t / "work" / "notes.txt", "mine")
+    return ["release", str(r), str(t / "work")], None
+
+
+def _multilingual_references(c, r, t):
+    """A multilingual model (xx->yy, xx->zz) whose corpus has no test.zz: references=test with tgt_lang=zz."""
+    for split in ("train", "valid"):
+        write(c / f"{split}.zz", "".join(" ".join(w + w for w in line.split()) + "\n"
+                                         for line in lines_of(c / f"{split}.xx")))  # fmt: skip
+    multi = t / "multi"
+    args = [a for a in train_args(c, multi) if not a.startswith("data.tgt_lang")]
+    p = run([*args, "data.tgt_lang=yy", "data.directions=[xx-yy,xx-zz]", "data.test_splits=[]"])
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    return [f"checkpoint={multi}", "tgt_lang=zz", "references=test"], "a dog\n"
+
+
 CK = "checkpoint={run}"  # replaced by the finished run dir
 
 ROWS = [
@@ -264,6 +282,27 @@ ROWS = [
     ("port_out_of_range", "serve", _args(CK, "port=99999"), "port=99999 is outside 0-65535"),
     ("port_taken", "serve", _taken_port, "already in use on 127.0.0.1"),
     ("host_unknown", "serve", _args(CK, "host=no-such-host.invalid"), "host=no-such-host.invalid: unknown host"),
+    # exports, multilingual runs
+    (
+        "export_into_its_run_dir",
+        "export",
+        lambda c, r, t: (["release", str(r), str(r)], None),
+        "holds the checkpoint being exported",
+    ),
+    ("export_beside_other_files", "export", _export_beside, "not empty and not an earlier release export"),
+    ("references_in_another_language", "translate", _multilingual_references, "test.zz[.gz]"),
+    (
+        "directions_corpus_with_a_tag",
+        "train",
+        lambda c, r, t: (["data.directions=[xx-yy]", f"data.corpora=[{{dir:'{c}',tag:'<bt>'}}]"], None),
+        "data.corpora[0].tag=<bt>: in a data.directions run",
+    ),
+    (
+        "directions_tokenizer_without_token",
+        "train",
+        lambda c, r, t: (["data.directions=[xx-yy]", f"tokenizer.path={r / 'tokenizer.json'}"], None),
+        "has no <2yy> token",
+    ),
 ]
 
 
@@ -280,6 +319,8 @@ def test_bad_input_is_one_line_exit_2_and_destroys_nothing(finished, tmp_path, n
         args = train_args(corpus, run_dir) + extra
     elif entry == "serve":
         args = ["serve.py", "device=cpu", *extra]
+    elif entry == "export":
+        args = ["-m", "mt.export", *extra]
     else:
         args = ["translate.py", *extra]
         stdin = "a dog\n" if stdin is None else stdin

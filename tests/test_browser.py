@@ -27,12 +27,12 @@ pytestmark = [
 ]
 
 
-@pytest.fixture
-def server(toy_run):
+def serving(checkpoint, *args):
+    """serve.py on a free port of 127.0.0.1, until the generator ends: yields its URL."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = subprocess.Popen([sys.executable, "serve.py", f"checkpoint={toy_run}", "device=cpu", f"port={port}"],
+    p = subprocess.Popen([sys.executable, "serve.py", f"checkpoint={checkpoint}", "device=cpu", f"port={port}", *args],
                          cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     for _ in range(240):
@@ -46,6 +46,11 @@ def server(toy_run):
     yield url
     p.terminate()
     p.wait(timeout=30)
+
+
+@pytest.fixture
+def server(toy_run):
+    yield from serving(toy_run)
 
 
 @pytest.fixture
@@ -110,3 +115,24 @@ def api_error(url: str, body: dict) -> str:
     except urllib.error.HTTPError as e:
         return json.loads(e.read())["error"]
     pytest.fail("the API accepted a request it should refuse")
+
+
+def test_a_multilingual_model_gets_a_language_choice_and_samples_differ(multilingual_run, browser):
+    """Before: the page never sent tgt_lang (a multilingual model without a default answered 422 to every request,
+    with no field to fix it) nor a seed (every sampling click drew the same sample), and its header named one
+    direction."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    for url in serving(multilingual_run[0]):
+        browser.get(url)
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda d: "xx \u2192 yy, zz" in d.find_element(By.ID, "model").text)
+        Select(browser.find_element(By.ID, "tgt")).select_by_value("zz")
+        browser.find_element(By.ID, "src").send_keys("the cat sees a dog")
+        browser.find_element(By.ID, "go").click()
+        shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li")] or None)
+        assert shown == api(url, {"src": ["the cat sees a dog"], "tgt_lang": "zz"})["translations"]
+        browser.find_element(By.ID, "sampling").click()
+        first, second = browser.execute_script("return [request(), request()]")
+        assert first["tgt_lang"] == "zz" and first["sampling"] and first["seed"] != second["seed"]

@@ -14,7 +14,7 @@ import pytest
 from mt import checkpoint
 from mt.config import ConfigError, CorpusConfig, validate
 from mt.corpus import prepare_data, training_batches
-from tests.conftest import write_toy_corpus
+from tests.conftest import multilingual_config, write_toy_corpus
 from tests.test_training import make_config, make_trainer
 
 
@@ -151,26 +151,6 @@ def test_bad_corpora_are_one_line_errors(toy_corpus, tmp_path, corpus, message):
 # ------------------------------------------------------------------ multilingual
 
 
-def multilingual_config(corpus: Path, run_dir: Path, **train):
-    cfg = make_config(corpus, run_dir, **train)
-    return replace(cfg, data=replace(cfg.data, directions=["xx-yy", "xx-zz"]),
-                   tokenizer=replace(cfg.tokenizer, vocab_size=90))  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def multilingual_run(tmp_path_factory):
-    """A multilingual toy run (xx->yy, xx->zz), trained, validated and tested."""
-    from mt.finish import finish
-    from mt.training import Trainer
-
-    corpus = write_toy_corpus(tmp_path_factory.mktemp("multiway"), multiway=True)
-    run = tmp_path_factory.mktemp("multilingual")
-    cfg = multilingual_config(corpus, run, max_updates=300, max_epochs=30, lr=5e-3, valid_bleu=True)
-    trainer = Trainer(cfg, prepare_data(cfg, run, 128), run)
-    trainer.fit(job_start=0)
-    return run, trainer, finish(trainer)
-
-
 def test_each_direction_is_tagged_with_its_target_language(multilingual_run):
     _, trainer, _ = multilingual_run
     corpus = trainer.corpus
@@ -248,3 +228,63 @@ def test_a_missing_corpus_dir_names_its_entry(toy_corpus, tmp_path):
     cfg = mixed_config(toy_corpus, tmp_path / "nowhere", tmp_path / "run")
     with pytest.raises(DataError, match=r"^data.corpora\[1\].dir='.*nowhere' is not a directory"):
         prepare_data(cfg, tmp_path / "run", 128)
+
+
+# ------------------------------------------------------------------ caches and tags per direction
+
+
+def _write_multiway(corpus: Path, fmt: str) -> None:
+    """The toy multi-way corpus as one {split}.tsv (columns xx, yy, zz) or {split}.jsonl per split."""
+    for split in ("train", "valid", "test"):
+        rows = zip(*((corpus / f"{split}.{lang}").read_text().splitlines() for lang in ("xx", "yy", "zz")))
+        if fmt == "tsv":
+            text = "".join("\t".join(row) + "\n" for row in rows)
+        else:
+            text = "".join(json.dumps(dict(zip(("xx", "yy", "zz"), row))) + "\n" for row in rows)
+        (corpus / f"{split}.{fmt}").write_text(text)
+
+
+def _targets(corpus, vocabs, part: int | None = None) -> set[str]:
+    rows = range(len(corpus.train)) if part is None else np.flatnonzero(corpus.mix.part == part)
+    return set(vocabs.tgt.decode_batch(corpus.train.select(list(rows))["tgt_ids"]))
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "jsonl"])
+def test_one_multiway_file_is_cached_per_direction(tmp_path, fmt):
+    """Before: a TSV or JSONL file was fingerprinted by path, size and mtime alone, so the en-fr part of
+    data.directions=[en-de, en-fr] trained on the en-de table, and a de->en run after an en->de run on the same
+    file trained en->de. The columns or keys read are now part of every cache key."""
+    corpus = write_toy_corpus(tmp_path / "corpus", multiway=True)
+    _write_multiway(corpus, fmt)
+    lines = {lang: set((corpus / f"train.{lang}").read_text().splitlines()) for lang in ("xx", "yy", "zz")}
+    cache = str(tmp_path / "cache")
+
+    def config(run: str, **data):
+        cfg = multilingual_config(corpus, tmp_path / run)
+        fields = dict(format=fmt, columns=["xx", "yy", "zz"], cache_dir=cache, **data)
+        return replace(cfg, data=replace(cfg.data, **fields))
+
+    cfg = config("multi")
+    both = prepare_data(cfg, tmp_path / "multi", 128)
+    assert _targets(both, both.vocabs, 0) <= lines["yy"] and _targets(both, both.vocabs, 1) <= lines["zz"]
+    forward = config("forward", directions=[], src_lang="xx", tgt_lang="yy")
+    backward = config("backward", directions=[], src_lang="yy", tgt_lang="xx")
+    for cfg, lang in ((forward, "yy"), (backward, "xx")):  # the second run reuses the cache of the first...
+        tokenizer = replace(cfg.tokenizer, path=str(tmp_path / "multi" / "tokenizer.json"))
+        corpus_ = prepare_data(replace(cfg, tokenizer=tokenizer), tmp_path / cfg.run_dir, 128)
+        assert _targets(corpus_, corpus_.vocabs) <= lines[lang]  # ...only if it reads the same columns
+
+
+def test_a_corpus_added_to_a_multilingual_run_gets_its_target_language_token(tmp_path):
+    """Before: a data.corpora entry (back-translations) in a data.directions run trained untagged sources, while
+    inference always puts <2xx> first."""
+    corpus = write_toy_corpus(tmp_path / "corpus", multiway=True)
+    other = write_other_corpus(tmp_path / "bt")
+    cfg = multilingual_config(corpus, tmp_path / "run")
+    cfg = replace(cfg, data=replace(cfg.data, corpora=[CorpusConfig(dir=str(other), tgt_lang="yy")]))
+    prepared = prepare_data(cfg, tmp_path / "run", 128)
+    token = prepared.vocabs.src.tokenizer.token_to_id("<2yy>")
+    assert token is not None and set(prepared.mix.tags[prepared.mix.part == 2]) == {token}
+    tagged = replace(cfg, data=replace(cfg.data, corpora=[CorpusConfig(dir=str(other), tag="<bt>")]))
+    with pytest.raises(ConfigError, match=r"^data.corpora\[0\].tag=<bt>: in a data.directions run each source"):
+        prepare_data(tagged, tmp_path / "run2", 128)

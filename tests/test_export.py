@@ -1,6 +1,7 @@
 """CTranslate2 export decodes as this project's search does; release files load without pickle; a hostile .pt is
 refused before it runs."""
 
+import json
 import random
 
 import pytest
@@ -77,7 +78,8 @@ def test_release_loads_without_pickle_and_equals_the_checkpoint(toy_corpus, tmp_
     trainer = make_trainer(toy_corpus, tmp_path / "run", max_updates=3)
     trainer.fit(time.time())
     out = export_release(str(tmp_path / "run" / "checkpoint_last.pt"), tmp_path / "release")
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
+    names = ["README.md", "config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(p.name for p in out.iterdir()) == [".mt-export.json", *names]
     with safe_open(str(out / "model.safetensors"), "pt") as f:  # the tied matrix is stored once
         assert sum(k.endswith("tokens.weight") or k == "output.weight" for k in f.keys()) == 1
     reference, _ = checkpoint.build_model(checkpoint.load(tmp_path / "run" / "checkpoint_last.pt"))
@@ -158,3 +160,80 @@ def test_a_release_carries_a_model_card(tmp_path):
     assert report["bleu_signature"] in body and report["chrf_signature"] in body
     assert "Translator.load" in body and "translate.py checkpoint=" in body
     assert Translator.load(out, device="cpu").translate(["the cat"])  # the directory the card describes loads
+
+
+def _files(root) -> dict:
+    import hashlib
+
+    files = (p for p in root.rglob("*") if p.is_file())
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+
+
+@pytest.mark.parametrize("kind", ["release", "ctranslate2"])
+def test_an_export_never_deletes_what_it_did_not_write(toy_run, tmp_path, monkeypatch, capsys, kind):
+    """Before: `python -m mt.export release RUN RUN` deleted every checkpoint, metric and report of the run. Now the
+    run dir, the dir above it and any directory with other files are refused in one line (exit 2), untouched; an
+    earlier export of the same kind is replaced file by file, and a file the user put beside it stays."""
+    import shutil
+
+    from mt import export
+
+    run = tmp_path / "run"
+    shutil.copytree(toy_run, run)
+    (tmp_path / "notes.txt").write_text("mine")
+    before = _files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for source, out in ((run, run), (run / "checkpoint_last.pt", run), (run, tmp_path), (run, "."), (run, "..")):
+        with pytest.raises(SystemExit) as e:
+            export.main([kind, str(source), str(out)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+        assert "holds the checkpoint being exported" in err or "not empty and not an earlier" in err, err
+        assert _files(tmp_path) == before
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "keep.txt").write_text("keep")
+    with pytest.raises(SystemExit):
+        export.main([kind, str(run), str(other)])
+    assert "not empty and not an earlier" in capsys.readouterr().err
+    assert [p.name for p in other.iterdir()] == ["keep.txt"]
+
+    out = tmp_path / "exported"
+    export.main([kind, str(run), str(out)])
+    first = sorted(p.name for p in out.iterdir())
+    (out / "mine.txt").write_text("a user's file beside the export")
+    (out / "tokenizer.src.json").write_text("{}")  # as if the earlier export had had a separate vocabulary
+    marker = json.loads((out / ".mt-export.json").read_text())
+    (out / ".mt-export.json").write_text(json.dumps({**marker, "files": [*marker["files"], "tokenizer.src.json"]}))
+    export.main([kind, str(run), str(out)])
+    assert sorted(p.name for p in out.iterdir()) == sorted([*first, "mine.txt"])  # the stale file gone, theirs kept
+    assert (out / "mine.txt").read_text() == "a user's file beside the export"
+    other_kind = "ctranslate2" if kind == "release" else "release"
+    with pytest.raises(SystemExit):
+        export.main([other_kind, str(run), str(out)])
+    assert f"holds a {kind} export" in capsys.readouterr().err
+    assert _files(run) == {k.removeprefix("run/"): v for k, v in before.items() if k.startswith("run/")}
+
+
+def test_a_card_publishes_only_the_exported_weights_scores(multilingual_run, tmp_path):
+    """Before: the card listed every *.report.json of the run dir, so exporting checkpoint_last.pt or an epoch
+    checkpoint claimed the final model's test BLEU, and every direction of a multilingual run was labelled with
+    the run's main pair."""
+    import yaml
+
+    from mt import checkpoint
+    from mt.export import export_release
+
+    run = multilingual_run[0]
+    card = (export_release(str(run), tmp_path / "final") / "README.md").read_text()
+    meta = yaml.safe_load(card.split("---\n", 2)[1])
+    assert meta["language"] == ["xx", "yy", "zz"]
+    tasks = [(r["task"]["name"], r["dataset"]["split"]) for r in meta["model-index"][0]["results"]]
+    assert tasks == [("Translation xx-yy", "test.xx-yy"), ("Translation xx-zz", "test.xx-zz")]
+    assert "translating xx->yy, xx->zz" in card
+    final = checkpoint.load(run / "checkpoint_final.pt")["model"]
+    epochs = [p for p in checkpoint.epoch_checkpoints(run)
+              if any(not torch.equal(v, final[k]) for k, v in checkpoint.load(p)["model"].items())]  # fmt: skip
+    assert epochs, "every epoch checkpoint holds the final weights"
+    card = (export_release(str(epochs[0]), tmp_path / "epoch") / "README.md").read_text()
+    assert "model-index" not in card and "No test report scores these weights" in card

@@ -39,7 +39,7 @@ def test_translate_health_and_info(served):
     r = client.post("/translate", json={"src": ["the cat runs"], "beam_size": 3, "nbest": 2})
     (hyps,) = r.json()["translations"]
     assert len(hyps) == 2 and {"text", "score"} == set(hyps[0]) and hyps[0]["score"] >= hyps[1]["score"]
-    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/health").json() == {"status": "ok", "worker_restarts": 0}
     info = client.get("/info").json()
     assert info["src_lang"] == "xx" and info["decode"]["beam_size"] == 2 and info["limits"]["max_sentences"] == 8
 
@@ -165,3 +165,207 @@ def test_the_page_is_self_contained(served):
     html = page.text
     assert 'id="src"' in html and 'id="go"' in html and "Ctrl+Enter" in html
     assert "http://" not in html and "https://" not in html and "<link" not in html  # no CDN, font or stylesheet
+
+
+# ------------------------------------------------------------------ the worker, the queue and the clients
+
+
+def _client_with(toy_vocab, monkeypatch=None, decode=None, **serve):
+    """A TestClient over a toy model; `decode(original) -> function` wraps the decoding the server calls."""
+    import mt.server as server
+
+    pairs, vocabs = toy_vocab
+    model = train_tiny(vocabs, pairs)
+    cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=1), batch_wait_ms=1, **serve)
+    translator = Translator(model, vocabs, cfg.decode, torch.device("cpu"), None, {})
+    if decode is not None:
+        monkeypatch.setattr(server, "decode_ids", decode(server.decode_ids))
+    return TestClient(create_app(translator, cfg, {}))
+
+
+def _post(client, body, timeout=20):
+    """A request that must be answered within `timeout` s (a hung worker fails the test instead of hanging it)."""
+    pool = ThreadPoolExecutor(1)
+    try:
+        return pool.submit(client.post, "/translate", json=body).result(timeout=timeout)
+    finally:
+        pool.shutdown(wait=False)  # a request left hanging fails the test, not the suite
+
+
+def test_the_worker_survives_pythons_3_10_timeout_class(toy_vocab, monkeypatch):
+    """On Python 3.10 asyncio.wait_for raises asyncio.TimeoutError, which is not the builtin TimeoutError until 3.11;
+    the worker caught only the builtin, so the first request under batch_tokens killed it and every later request
+    waited forever. Reproduced here by giving mt.server an asyncio whose wait_for raises 3.10's class."""
+    import asyncio
+    import types
+
+    import mt.server as server
+
+    class Py310TimeoutError(Exception):  # 3.10: asyncio.exceptions.TimeoutError(Exception), not OSError's subclass
+        pass
+
+    async def wait_for(aw, timeout):
+        try:
+            return await asyncio.wait_for(aw, timeout)
+        except TimeoutError:
+            raise Py310TimeoutError from None
+
+    shim = types.SimpleNamespace(**{k: getattr(asyncio, k) for k in dir(asyncio) if not k.startswith("__")})
+    shim.wait_for, shim.TimeoutError = wait_for, Py310TimeoutError
+    monkeypatch.setattr(server, "asyncio", shim)
+    with _client_with(toy_vocab) as client:
+        for _ in range(3):
+            assert _post(client, {"src": ["the cat sees a dog"]}).status_code == 200
+        assert client.get("/health").json() == {"status": "ok", "worker_restarts": 0}
+
+
+def test_a_killed_worker_is_restarted_and_its_requests_answered(toy_vocab):
+    """An exception outside the decode (here: once, after the worker took a request) used to end the worker
+    silently; now its request gets a 503, the worker starts again, and the next requests are served."""
+    with _client_with(toy_vocab) as client:
+        batcher = client.app.state.batcher
+        original = batcher._collect
+
+        async def broken():
+            await original()
+            batcher._collect = original  # once
+            raise RuntimeError("killed once")
+
+        batcher._collect = broken  # for the worker's next round: it already waits in this one
+        assert _post(client, {"src": ["the cat sees a dog"]}).status_code == 200
+        r = _post(client, {"src": ["the cat sees a dog"]})
+        assert r.status_code == 503 and r.json() == {"error": "the decoding worker failed; retry the request"}
+        assert _post(client, {"src": ["the cat sees a dog"]}).status_code == 200
+        assert client.get("/health").json() == {"status": "ok", "worker_restarts": 1}
+        assert client.get("/info").json()["served"]["restarts"] == 1
+
+
+def test_a_request_whose_client_left_mid_decode_does_not_kill_the_worker(toy_vocab, monkeypatch):
+    """Before: set_result on the future of a request that had gone raised InvalidStateError in the worker."""
+    import threading
+
+    release = threading.Event()
+
+    def slow(original):
+        def decode(*args, **kwargs):
+            release.wait(10)
+            return original(*args, **kwargs)
+
+        return decode
+
+    with _client_with(toy_vocab, monkeypatch, decode=slow, request_timeout_s=1) as client:
+        r = _post(client, {"src": ["the cat sees a dog"]})  # its time runs out while it decodes: its future is done
+        assert r.status_code == 503 and "request_timeout_s=1" in r.json()["error"] and r.headers["retry-after"] == "1"
+        release.set()
+        assert _post(client, {"src": ["a big red house"]}).status_code == 200
+        assert client.get("/health").json()["worker_restarts"] == 0
+
+
+def test_the_queue_is_bounded_and_a_full_queue_says_when_to_retry(toy_vocab, monkeypatch):
+    """N concurrent requests used to queue N jobs behind each other without limit; beyond max_queue_tokens a
+    request now gets a 503 with Retry-After at once, and the queued ones are answered."""
+    import threading
+
+    release = threading.Event()
+
+    def held(original):
+        def decode(*args, **kwargs):
+            release.wait(10)
+            return original(*args, **kwargs)
+
+        return decode
+
+    line = "the cat sees a dog and the big red house"
+    with _client_with(toy_vocab, monkeypatch, decode=held, max_queue_tokens=15, batch_tokens=10) as client:
+        with ThreadPoolExecutor(6) as pool:
+            first = pool.submit(client.post, "/translate", json={"src": [line]})  # taken by the worker, held
+            import time
+
+            deadline = time.monotonic() + 10
+            while client.get("/info").json()["served"]["queued_tokens"] or not first.running():
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            time.sleep(0.2)
+            queued = [pool.submit(client.post, "/translate", json={"src": [line]}) for _ in range(3)]
+            time.sleep(0.5)
+            refused = [r for r in (f.result() for f in queued if f.done()) if r.status_code == 503]
+            release.set()
+            answers = [first.result(timeout=20), *(f.result(timeout=20) for f in queued)]
+    assert len(refused) == 2, "a line is ~12 tokens: one waits in the queue, two would pass max_queue_tokens=15"
+    for r in refused:
+        assert "max_queue_tokens=15" in r.json()["error"] and int(r.headers["retry-after"]) >= 1
+    assert [r.status_code for r in answers].count(200) == 2  # the one decoding and the one queued
+
+
+def test_a_disconnected_clients_request_is_not_decoded(toy_vocab, monkeypatch):
+    """A real server (uvicorn on loopback): a client that sends a request and closes its socket while another
+    request decodes; its sentences never reach the decoder."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    import mt.server as server
+
+    decoded, release = [], threading.Event()
+
+    def recording(original):
+        def decode(model, src_ids, *args, **kwargs):
+            decoded.append(len(src_ids))
+            release.wait(10)
+            return original(model, src_ids, *args, **kwargs)
+
+        return decode
+
+    pairs, vocabs = toy_vocab
+    model = train_tiny(vocabs, pairs)
+    cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=1), batch_wait_ms=1, batch_tokens=5)
+    translator = Translator(model, vocabs, cfg.decode, torch.device("cpu"), None, {})
+    monkeypatch.setattr(server, "decode_ids", recording(server.decode_ids))
+    app = create_app(translator, cfg, {})
+    sock = server.listening_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        import httpx
+
+        deadline = time.monotonic() + 20
+        while not uv.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        base = f"http://127.0.0.1:{port}"
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, base + "/translate", json={"src": ["the cat"]}, timeout=30)
+            while not decoded:  # the first request holds the worker
+                time.sleep(0.02)
+            body = b'{"src": ["a big red house", "the dog", "a tree"]}'
+            with socket.create_connection(("127.0.0.1", port)) as s:
+                s.sendall(b"POST /translate HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          b"content-length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
+                time.sleep(0.3)  # queued behind the first
+            time.sleep(0.5)  # the handler sees the disconnect
+            release.set()
+            assert first.result(timeout=30).status_code == 200
+            assert httpx.post(base + "/translate", json={"src": ["the dog"]}, timeout=30).status_code == 200
+        assert decoded == [1, 1]  # the first and the last request; never the 3 lines of the one that left
+        assert httpx.get(base + "/info", timeout=10).json()["served"]["dropped"] == 1
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_a_chunked_body_over_the_limit_is_413_and_read_no_further(served):
+    """No Content-Length (chunked): the limit is found while the body arrives. Before: FastAPI wrapped the limit's
+    exception into a 400 'There was an error parsing the body'."""
+    client, *_ = served
+
+    def chunks():
+        for _ in range(400):  # 4 MB, 4x the limit
+            yield b'{"src": ["' + b"the cat " * 1250 + b'"]}'
+
+    r = client.post("/translate", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json() == {"error": "request body over max_body_bytes=1000000; split the request"}
+    assert client.post("/translate", json={"src": ["a dog"]}).status_code == 200

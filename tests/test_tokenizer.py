@@ -9,7 +9,7 @@ import pytest
 from mt import data, evaluation
 from mt.config import DataConfig, DecodeConfig, TokenizerConfig
 from mt.corpus import build_vocabs, tokenize
-from mt.tokenizer import BOS, EOS, PAD, UNK, Vocab
+from mt.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_vocab
 from tests.conftest import MULTI30K, needs_multi30k
 
 
@@ -112,3 +112,19 @@ def test_a_lowercased_model_is_selected_by_lowercased_bleu(tmp_path, monkeypatch
     report = evaluation.write_report(tmp_path, "val", refs, refs, refs, {}, vocabs.tgt.lowercases)
     assert report.get("lowercased_model", False) == lowercases
     assert ("The model lowercases" in (tmp_path / "val.report.md").read_text()) == lowercases
+
+
+@pytest.mark.parametrize("special", ["<pad>", "<unk>", "<s>", "</s>", "<2fr>", "<bt>"])
+def test_special_token_text_in_input_is_plain_text(special):
+    """Before: HF tokenizers matched added tokens in raw text, so a literal <pad> in a source was masked as padding,
+    </s> in a prefix ended the hypothesis, and <2fr> or <bt> typed by a user added a tag."""
+    from mt.tokenizer import SPECIALS, with_bpe_dropout
+
+    pairs = [("the <x> cat sees a dog / pad unk s bt 2fr", "die katze sieht einen hund")] * 20  # every character
+    vocab = train_vocab(TokenizerConfig(vocab_size=80, min_frequency=1), pairs, (0, 1), ("<2fr>", "<bt>"))
+    specials = {vocab.tokenizer.token_to_id(t) for t in (*SPECIALS, "<2fr>", "<bt>")}
+    for encode in (vocab.encode, lambda text: vocab.encode_batch([text])[0],
+                   lambda text: with_bpe_dropout(vocab, 0.1).encode(text, add_special_tokens=False).ids):  # fmt: skip
+        ids = encode(f"the {special} cat")
+        assert ids and not set(ids) & specials, (special, vocab.tokens(ids))
+    assert vocab.decode(vocab.encode(f"the {special}x cat")).count(special[1:-1]) == 1

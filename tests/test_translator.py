@@ -202,3 +202,84 @@ def test_ensembles_and_ctranslate2_exports_sample_and_take_prefixes(toy_run, tmp
                                         prefix=["the", "", "", ""])  # fmt: skip
     src, tgt = ["the cat sees a dog"], single.translate(["the cat sees a dog"])
     assert ct2.score(src, tgt) == pytest.approx(single.score(src, tgt), abs=1e-3)
+
+
+# ------------------------------------------------------------------ review findings (issue 43)
+
+
+def test_sampling_at_load_or_per_file_draws_with_beam_1(toy_run, tmp_path):
+    """Before: Translator.load(run, sampling=True) and translate_file(..., sampling=True) failed with 'needs
+    decode.beam_size=1' (the run's beam was kept) where translate(sampling=True) set beam 1."""
+    from mt import Translator, checkpoint
+
+    ckpt = checkpoint.load(toy_run)
+    ckpt["config"]["decode"]["beam_size"] = 4  # a run that decodes with beam 4, as the recipes do (5)
+    torch.save({k: v for k, v in ckpt.items() if k != "path"}, tmp_path / "beam4.pt")
+    sampler = Translator.load(tmp_path / "beam4.pt", device="cpu", sampling=True, seed=3)
+    assert sampler.decode.beam_size == 1 and sampler.decode.sampling
+    t = Translator.load(tmp_path / "beam4.pt", device="cpu")
+    assert t.decode.beam_size == 4 and sampler.translate(LINES) == t.translate(LINES, sampling=True, seed=3)
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in LINES))
+    assert t.translate_file(tmp_path / "in.txt", tmp_path / "out.txt", sampling=True, seed=3) == len(LINES)
+    assert (tmp_path / "out.txt").read_text().splitlines() == sampler.translate(LINES)
+
+
+def test_score_and_translate_file_take_the_target_language(multilingual_run, tmp_path):
+    from mt import Translator
+
+    run = multilingual_run[0]
+    t = Translator.load(run, device="cpu", beam_size=1)
+    src = ["the cat sees a dog", "a big red house"]
+    (tmp_path / "in.txt").write_text("".join(line + "\n" for line in src))
+    t.translate_file(tmp_path / "in.txt", tmp_path / "zz.txt", tgt_lang="zz")
+    zz = t.translate(src, tgt_lang="zz")
+    assert (tmp_path / "zz.txt").read_text().splitlines() == zz
+    as_yy, as_zz = t.score(src, zz, tgt_lang="yy"), t.score(src, zz, tgt_lang="zz")
+    assert as_zz != as_yy and sum(as_zz) > sum(as_yy)  # the zz translations are likelier as zz
+    with pytest.raises(ConfigError, match="tgt_lang is needed"):
+        t.translate_file(tmp_path / "in.txt", tmp_path / "none.txt")
+    assert not (tmp_path / "none.txt").exists()
+
+
+def test_references_of_a_split_are_read_in_the_target_language(multilingual_run, tmp_path):
+    """Before: translate.py references=SPLIT read the run's main target language whatever tgt_lang said, so a
+    multilingual model's zz output was scored against yy references without an error."""
+    import json
+
+    import sacrebleu
+
+    run, trainer, _ = multilingual_run
+    corpus = __import__("pathlib").Path(trainer.cfg.data.dir)
+    src = (corpus / "test.xx").read_text()
+    p = translate(run, "tgt_lang=zz", "references=test", f"output={tmp_path / 'out.zz'}", input=src)
+    assert p.returncode == 0, p.stderr[-2000:]
+    hyps, refs = (tmp_path / "out.zz").read_text().splitlines(), (corpus / "test.zz").read_text().splitlines()
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score, abs=0.01)
+
+
+def test_a_streamed_prefix_run_answers_each_line_before_the_next_arrives(toy_run, tmp_path, caplog):
+    """Before: with prefix=FILE each chunk's output was held until the next line arrived, so a co-process writing a
+    line and waiting for it deadlocked; truncation warnings numbered lines within their chunk."""
+    import io
+
+    from mt import Translator
+    from mt.inference import PrefixFile
+
+    t = Translator.load(toy_run, device="cpu")
+    (tmp_path / "prefix.txt").write_text("red house\n\nthe\n")
+    long = " ".join(["cat"] * (t.limit + 5))
+    out = io.StringIO()
+    answered = []
+
+    def chunks():
+        yield ["the cat sees a dog"]
+        answered.append(out.getvalue().count("\n"))  # what the reader had when the next line came
+        yield [long]
+        answered.append(out.getvalue().count("\n"))
+        yield ["a small tree"]
+
+    with caplog.at_level("WARNING"):
+        t.translate_stream(chunks(), out, prefixes=PrefixFile(str(tmp_path / "prefix.txt")))
+    assert answered == [1, 2] and out.getvalue().splitlines()[0].startswith("red house")
+    assert f"line 2: {t.limit + 5} tokens, truncated" in caplog.text
