@@ -21,7 +21,9 @@ from omegaconf import DictConfig
 from mt import checkpoint
 from mt.config import ConfigError, ServeConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
+from mt.finetune import read_parent
 from mt.inference import run_decode_settings
+from mt.model_card import run_files
 from mt.runtime import pick_device, prefer_expandable_segments
 from mt.translator import Translator
 
@@ -48,7 +50,7 @@ def main(dcfg: DictConfig) -> None:
         info = {"model": ckpt["path"], "engine": type(translator.model).__name__, "src_lang": data.get("src_lang"),
                 "tgt_lang": data.get("tgt_lang"), "target_languages": sorted(translator.targets),
                 "default_tgt_lang": cfg.tgt_lang,
-                "test_scores": test_scores(ckpt),
+                "test_scores": test_scores(ckpt), "parent": read_parent(run_files(ckpt)),
                 "model_config": ckpt["model_args"]}  # fmt: skip
         app = create_app(translator, cfg, info)
         sock = listening_socket(cfg.host, cfg.port)

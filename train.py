@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mt import distributed
+from mt import distributed, finetune
 from mt.config import register_configs, to_dataclass
 from mt.corpus import prepare_data
 from mt.errors import USER_ERRORS
@@ -47,15 +47,20 @@ def main(dcfg: DictConfig) -> None:
         if rank != 0:
             logging.getLogger().setLevel(logging.WARNING)
         # Rank 0 trains the tokenizer and fills the cache (or `python -m mt.prepare` did); the others then reuse both.
+        parent = finetune.load_parent(cfg, run_dir) if cfg.train.init_from else None
+        if parent is not None:  # its architecture and tokenizer
+            cfg = finetune.adopt(cfg, parent, list(HydraConfig.get().overrides.task))
         if rank != 0:
             distributed.wait_for_rank0()
-        corpus = prepare_data(cfg, run_dir, cfg.model.max_positions)
+        corpus = prepare_data(cfg, run_dir, cfg.model.max_positions, parent.vocabs if parent else None)
         if rank == 0:
             distributed.wait_for_rank0()
         trainer = Trainer(cfg, corpus, run_dir)
-        trainer.resume()
+        if not trainer.resume() and parent is not None:
+            finetune.start(trainer, parent)
         if rank == 0:  # written once the run dir's checkpoints are known to belong to this config
-            (run_dir / "config.resolved.yaml").write_text(OmegaConf.to_yaml(dcfg, resolve=True))
+            # the config as trained: with a fine-tuning run's parent's architecture and tokenizer (finetune.adopt)
+            (run_dir / "config.resolved.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
         reason = trainer.fit(job_start, resume=False)
         restore_signal_handlers()
         if reason in ("SIGINT", "SIGTERM"):

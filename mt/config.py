@@ -72,6 +72,9 @@ class DataConfig:
     # each direction's sources start with the target-language token <2de>; every direction is validated and
     # tested (selection on the mean). Empty = the one direction src_lang -> tgt_lang.
     directions: list[str] = field(default_factory=list)
+    # Hold out this many training pairs of the main corpus (drawn by train.seed, not trained on) as the validation
+    # set, for a corpus without a validation split (valid_split is then not read). 0 = off.
+    valid_from_train: int = 0
 
 
 @dataclass
@@ -157,6 +160,12 @@ class TrainConfig:
     # Continue a run although this command changes what decides its batches or updates (train.lr, max_tokens,
     # data, world size, ...: mt.checkpoint.RESUME_KEYS); without it such a resume stops with an error.
     resume_anyway: bool = False
+    # Start a new run from a trained model (a run dir, a .pt or a release): its weights, tokenizer and architecture;
+    # optimizer, schedule, counters, best score and data order start fresh (mt/finetune.py).
+    init_from: str | None = None
+    init_optimizer: bool = False  # with init_from: carry the parent's Adam moments over (a resumable checkpoint)
+    freeze: list[str] = field(default_factory=list)  # parts that do not train: embeddings, encoder, decoder
+    test_parent: bool = True  # with init_from: also score the parent's own test splits at the end (forgetting)
     max_nan_updates: int = 5
     # torchrun: minutes the other ranks wait while rank 0 alone prepares the corpus or validates (NCCL's own
     # timeout, 10 minutes, would end a first WMT run during its BPE and tokenization).
@@ -373,6 +382,12 @@ def validate(cfg: Config) -> None:
             f"train.warmup={cfg.train.warmup}: the {cfg.train.schedule} schedule needs warmup >= 1 "
             "update (or train.schedule=constant)"
         )
+    if cfg.data.valid_from_train < 0:
+        raise ConfigError(f"data.valid_from_train={cfg.data.valid_from_train}: give a number of pairs, 0 = off")
+    if cfg.data.valid_from_train and cfg.data.directions:
+        raise ConfigError("data.valid_from_train with data.directions is not supported; give a validation split")
+    if cfg.train.init_optimizer and not cfg.train.init_from:
+        raise ConfigError("train.init_optimizer carries the optimizer of train.init_from over; set train.init_from")
     if cfg.train.accumulate < 1:
         raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
     validate_decode(cfg.decode)

@@ -22,6 +22,7 @@ from mt.batching import BatchLoader, TokenBucketSampler
 from mt.bpe_dropout import BPEDropoutSegments
 from mt.config import Config, ConfigError, CorpusConfig, DataConfig, TokenizerConfig, parse_direction
 from mt.data import TextPairs
+from mt.holdout import held_out_pairs, hold_out
 from mt.tokenizer import (
     TokenizerError,
     Vocab,
@@ -115,11 +116,12 @@ def with_tag(ds: datasets.Dataset, tag: int) -> datasets.Dataset:
                   batched=True, desc="tag")  # fmt: skip
 
 
-def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
+def prepare_data(cfg: Config, run_dir: Path, max_positions: int, vocabs: Vocabs | None = None) -> Corpus:
     """Train (or reuse) the BPE, tokenize the training pairs into the cache (or map the cached table), filter them
-    by length; load and tokenize the validation split. With `data.corpora`, BPE learns from all of them (their
-    tags as special tokens), each is tokenized and cached on its own (adding a corpus re-tokenizes only that one),
-    and the training table is theirs end to end, mixed by weight every epoch (`Mix`)."""
+    by length; load and tokenize the validation split (or hold one out: `data.valid_from_train`). With
+    `data.corpora`, BPE learns from all of them (their tags as special tokens), each is tokenized and cached on its
+    own (adding a corpus re-tokenizes only that one), and the training table is theirs end to end, mixed by weight
+    every epoch (`Mix`). `vocabs`: tokenizers to use as they are (a fine-tuning run's parent's)."""
     dc = cfg.data
     log.info("data: %s", data.describe(dc))
     parts = training_parts(dc)
@@ -128,12 +130,16 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
     resuming = checkpoint.resume_path(cfg.train.resume, run_dir) is not None
     every = texts[0] if len(texts) == 1 else data.ChainedPairs(texts)
     languages = [(t, p.src_lang, p.tgt_lang) for t, (p, _, _) in zip(texts, parts)] if dc.directions else None
-    vocabs = build_vocabs(cfg.tokenizer, every, run_dir, resuming, data.cache_root(dc), tags, languages)
+    if vocabs is None:
+        vocabs = build_vocabs(cfg.tokenizer, every, run_dir, resuming, data.cache_root(dc), tags, languages)
+        source = f"tokenizer.path={cfg.tokenizer.path}"
+    else:
+        vocabs.save(run_dir)
+        source = f"train.init_from={cfg.train.init_from}: its tokenizer"
     missing = [tag for tag in tags if vocabs.src.tokenizer.token_to_id(tag) is None]
     if missing:
-        raise ConfigError(f"tokenizer.path={cfg.tokenizer.path}: has no {missing[0]} token, which this run puts before "
-                          "sources (data.directions, data.corpora tags); unset tokenizer.path to train one with "
-                          "it")  # fmt: skip
+        raise ConfigError(f"{source} has no {missing[0]} token, which this run puts before sources "
+                          "(data.directions, data.corpora tags); give a tokenizer trained with it")  # fmt: skip
     max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
     tables, lengths, kept, tag_ids = [], [], [], []
     for text, (_, tag, _) in zip(texts, parts):
@@ -141,6 +147,8 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
         src_len, tgt_len = data.length_columns(tokens)
         src_len = src_len + 1 if tag else src_len  # the tag is a source token too
         rows = data.length_filter(src_len, tgt_len, max_len, dc.max_ratio, text.where)
+        if dc.valid_from_train and not kept:  # the main corpus: the first
+            rows, held = hold_out(rows, dc.valid_from_train, cfg.train.seed, text.where)
         tables.append(data.select_rows(tokens, rows))
         lengths.append((src_len[rows], tgt_len[rows]))
         kept.append(rows)
@@ -150,7 +158,10 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int) -> Corpus:
         valid = datasets.concatenate_datasets([d.valid for d in directions])
     else:
         directions = None
-        valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
+        if dc.valid_from_train:
+            valid = held_out_pairs(texts[0], held, run_dir)
+        else:
+            valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
         valid = truncate(tokenize(valid, vocabs), max_len, dc.valid_split)
     if len(parts) == 1 and not tags:
         return Corpus(vocabs, tables[0], valid, texts[0], kept[0], lengths[0])

@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import asdict
 
-from mt import checkpoint, data
+from mt import checkpoint, data, finetune
 from mt.evaluation import translate_ids, write_report
 from mt.inference import encode_within_positions
 from mt.plots import plot_curves
@@ -45,6 +45,8 @@ def finish(trainer) -> dict:
     if trainer.metrics.path.is_file():
         plot_curves(trainer.metrics.path, run_dir / "training_curves.png")
     reports = evaluate_splits(trainer, trainer.cfg.data.test_splits, tag)
+    if trainer.tc.init_from and trainer.tc.test_parent:  # the parent's domain: what fine-tuning kept of it
+        reports += evaluate_splits(trainer, [], tag, extra=finetune.parent_test_splits(trainer.run_dir))
     return {"checkpoint": tag, "reports": reports}
 
 
@@ -61,31 +63,40 @@ def final_candidates(run_dir, average_last: int) -> dict[str, dict]:
     return candidates
 
 
-def evaluate_splits(trainer, splits: list[str], tag: str) -> list[dict]:
+def evaluate_splits(trainer, splits: list[str], tag: str, extra: list | None = None) -> list[dict]:
     """Translate each test split with the decode config and write `{split}.hyp` and its report in the run dir
-    (multilingual: `{split}.{direction}.hyp` for each direction, the target-language token first in the source).
+    (multilingual: `{split}.{direction}.hyp` for each direction, the target-language token first in the source;
+    `extra`: (data config, split) of other corpora, a fine-tuning run's parent's, named `parent.{split}`).
     In fp32 whatever the training's autocast, as translate.py decodes by default: the report's BLEU is what
     `translate.py checkpoint=RUN_DIR` reproduces."""
     cfg, vocabs, reports = trainer.cfg, trainer.corpus.vocabs, []
     directions = [(d.config, d.tag, f".{d.name}") for d in trainer.corpus.directions or []]
-    for split, (dc, first, suffix) in ((s, d) for s in splits for d in directions or [(cfg.data, None, "")]):
-        ds = data.drop_empty(data.load_split(dc, split), f"{dc.name}/{split}")
+    items = [(dc, s, first, s + suffix) for s in splits for dc, first, suffix in directions or [(cfg.data, None, "")]]
+    parents = [(dc, s, None, f"parent.{s}") for dc, s in extra or []]
+    for dc, split, first, name in items + parents:
+        try:
+            ds = data.drop_empty(data.load_split(dc, split), f"{dc.name}/{split}")
+        except data.DataError as e:
+            if not name.startswith("parent."):
+                raise
+            log.warning("the parent's test split %s is not scored: %s", split, e)  # its corpus is elsewhere
+            continue
         start = time.perf_counter()
         model = trainer.kept_model
         limit = model.cfg.max_positions - 1 - (first is not None)
         src_ids = encode_within_positions(vocabs, list(ds["src"]), limit)
         if first is not None:  # the target-language token
             src_ids = [[first, *s] for s in src_ids]
-        split = split + suffix  # the report's name
+        split = name  # the report's name
         hyps = translate_ids(model, src_ids, cfg.decode, trainer.device, None)
         seconds = time.perf_counter() - start
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
         (trainer.run_dir / f"{split}.hyp").write_text("".join(t + "\n" for t in texts))
         n_tokens = sum(len(h[0].tokens) for h in hyps)
         speed = {"sentences_per_s": len(texts) / seconds, "tokens_per_s": n_tokens / seconds}
-        extra = {**speed, "decode": asdict(cfg.decode), "precision": "fp32", "checkpoint": tag}
+        about = {**speed, "decode": asdict(cfg.decode), "precision": "fp32", "checkpoint": tag}
         report = write_report(
-            trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), extra, vocabs.tgt.lowercases
+            trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), about, vocabs.tgt.lowercases
         )
         log.info(
             "%s (%s): BLEU %.2f, lowercased BLEU %.2f, chrF %.2f, %.1f sentences/s",

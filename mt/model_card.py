@@ -81,6 +81,18 @@ def front_matter(data: dict, reports: list[dict], name: str) -> dict:
     return meta
 
 
+def parent_lines(run_dir: Path) -> list[str]:
+    """What a fine-tuning run started from (mt/finetune.py's record), with the parent's own test scores."""
+    from mt.finetune import read_parent
+
+    parent = read_parent(run_dir)
+    if parent is None:
+        return []
+    scores = "; ".join(f"{s['split']} BLEU {s['bleu']:.2f}" for s in parent.get("test_scores", []) if "bleu" in s)
+    return [f"- Fine-tuned from: `{parent['path']}` (weights digest {parent['weights_digest']})"
+            + (f", whose test scores were: {scores}." if scores else ".")]  # fmt: skip
+
+
 def model_card(ckpt: dict, model: Transformer, name: str) -> str:
     """The card's Markdown, front matter first."""
     config = ckpt.get("config") or {}
@@ -112,6 +124,7 @@ def model_card(ckpt: dict, model: Transformer, name: str) -> str:
         f"- Data: {data.get('name', 'unknown')} ({data.get('dir') or 'hub'}), {pair}.",
         f"- Command: `{command}`" if command else "- Command: not recorded with the checkpoint.",
         f"- Weights: {ckpt.get('chosen', 'the checkpoint exported')}.",
+        *parent_lines(run_dir),
         "",
         "## Evaluation",
         "",

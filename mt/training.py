@@ -24,7 +24,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import mt.loss as fused_loss
-from mt import checkpoint, distributed, runtime
+from mt import checkpoint, distributed, finetune, runtime
 from mt.batching import Batch
 from mt.config import Config, DecodeConfig, TrainConfig
 from mt.corpus import Corpus, training_batches
@@ -101,6 +101,7 @@ class Trainer:
             runtime.use_deterministic_algorithms()
         torch.manual_seed(self.tc.seed)
         self.model = Transformer(cfg.model, len(corpus.vocabs.src), len(corpus.vocabs.tgt)).to(self.device)
+        finetune.freeze(self.model, self.tc.freeze)  # before the optimizer: frozen parts get no state
         if self.rank:  # every rank starts from the same weights, but draws its own dropout masks
             torch.manual_seed(self.tc.seed + 1_000_003 * self.rank)
         self.optimizer = build_optimizer(self.model, self.tc, self.device)

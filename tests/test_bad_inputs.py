@@ -226,7 +226,35 @@ def _multilingual_references(c, r, t):
     return [f"checkpoint={multi}", "tgt_lang=zz", "references=test"], "a dog\n"
 
 
+def _parent(*args):
+    """A copy of the finished run as the parent of a fine-tuning run (train.init_from), with `args`."""
+
+    def setup(c, r, t):
+        shutil.copytree(r, t / "parent")
+        return [f"train.init_from={t / 'parent'}", *(a.format(t=t, r=r, c=c) for a in args)], None
+
+    return setup
+
+
+def _parent_other_tokenizer(c, r, t):
+    (path,), _ = _other_tokenizer(c, r, t)
+    return _parent(path)(c, r, t)
+
+
+def _compare(*args):
+    def setup(c, r, t):
+        write(t / "a.txt", "one\ntwo\n")
+        write(t / "b.txt", "one\n")
+        return [a.format(t=t, r=r, c=c) for a in args], None
+
+    return setup
+
+
 CK = "checkpoint={run}"  # replaced by the finished run dir
+
+# translate.py answers each line as soon as it is translated (a program that writes a line and waits gets it): a
+# prefix file with more lines than the input is found at the end of the input, after the answers were written.
+ANSWERED_BEFORE_THE_ERROR = {"prefix_line_count"}
 
 ROWS = [
     # data
@@ -303,6 +331,34 @@ ROWS = [
         lambda c, r, t: (["data.directions=[xx-yy]", f"tokenizer.path={r / 'tokenizer.json'}"], None),
         "has no <2yy> token",
     ),
+    # fine-tuning (train.init_from)
+    ("init_from_missing", "train", _args("train.init_from=/nonexistent/run"), "train.init_from=/nonexistent/run: no"),
+    (
+        "init_from_not_a_model",
+        "train",
+        lambda c, r, t: ([f"train.init_from={write(t / 'x.pt', b'junk')}"], None),
+        "x.pt: not a readable checkpoint",
+    ),
+    ("init_from_its_own_run_dir", "train", lambda c, r, t: ([f"train.init_from={r}"], None), "this run's own dir"),
+    (
+        "init_from_with_resume_path",
+        "train",
+        _parent("train.resume={r}/checkpoint_last.pt"),
+        "one run starts from one model",
+    ),
+    ("init_from_shape_override", "train", _parent("model.d_ff=96"), "model.d_ff=96: the parent"),
+    ("init_from_other_tokenizer", "train", _parent_other_tokenizer, "not the tokenizer of the parent"),
+    ("init_from_without_direction_token", "train", _parent("data.directions=[xx-yy]"), "its tokenizer has no <2yy>"),
+    ("freeze_unknown_part", "train", _parent("train.freeze=[attention]"), "train.freeze: 'attention' is not a part"),
+    ("valid_from_train_too_many", "train", _args("data.valid_from_train=5000"), "data.valid_from_train=5000"),
+    # mt.compare
+    (
+        "compare_line_counts",
+        "compare",
+        _compare("{t}/a.txt", "{t}/b.txt", "--refs", "{t}/a.txt"),
+        "b.txt has 1 lines but the references have 2",
+    ),
+    ("compare_split_unknown", "compare", _compare("{r}", "{r}", "--split", "nope"), "nope.hyp: no such file"),
 ]
 
 
@@ -321,6 +377,8 @@ def test_bad_input_is_one_line_exit_2_and_destroys_nothing(finished, tmp_path, n
         args = ["serve.py", "device=cpu", *extra]
     elif entry == "export":
         args = ["-m", "mt.export", *extra]
+    elif entry == "compare":
+        args = ["-m", "mt.compare", *extra]
     else:
         args = ["translate.py", *extra]
         stdin = "a dog\n" if stdin is None else stdin
@@ -331,7 +389,11 @@ def test_bad_input_is_one_line_exit_2_and_destroys_nothing(finished, tmp_path, n
     assert len(errors) == 1 and expected in errors[0], err[-2000:]
     others = [line for line in err.splitlines() if line and not line.startswith("error:")]
     assert all(LOG_RECORD.match(line) for line in others), others  # the run's own progress log, nothing else
-    assert "Traceback" not in err and p.stdout == b""
+    assert "Traceback" not in err
+    if name in ANSWERED_BEFORE_THE_ERROR:  # one line per input line, all of them answered
+        assert len(p.stdout.decode().splitlines()) == len((stdin or "").splitlines())
+    else:
+        assert p.stdout == b""
     after = snapshot(run_dir)
     assert {k: v for k, v in after.items() if k in before} == before  # every earlier file as it was
 

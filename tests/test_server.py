@@ -1,5 +1,6 @@
 """The translation server's API contract, its one-line errors, and batching across concurrent requests."""
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -183,6 +184,19 @@ def _client_with(toy_vocab, monkeypatch=None, decode=None, **serve):
     return TestClient(create_app(translator, cfg, {}))
 
 
+def _held_until(event):
+    """A wrapper for the server's decoding that waits (at most 10 s) for `event` before it decodes."""
+
+    def wrap(original):
+        def decode(*args, **kwargs):
+            event.wait(10)
+            return original(*args, **kwargs)
+
+        return decode
+
+    return wrap
+
+
 def _post(client, body, timeout=20):
     """A request that must be answered within `timeout` s (a hung worker fails the test instead of hanging it)."""
     pool = ThreadPoolExecutor(1)
@@ -242,18 +256,8 @@ def test_a_killed_worker_is_restarted_and_its_requests_answered(toy_vocab):
 
 def test_a_request_whose_client_left_mid_decode_does_not_kill_the_worker(toy_vocab, monkeypatch):
     """Before: set_result on the future of a request that had gone raised InvalidStateError in the worker."""
-    import threading
-
     release = threading.Event()
-
-    def slow(original):
-        def decode(*args, **kwargs):
-            release.wait(10)
-            return original(*args, **kwargs)
-
-        return decode
-
-    with _client_with(toy_vocab, monkeypatch, decode=slow, request_timeout_s=1) as client:
+    with _client_with(toy_vocab, monkeypatch, decode=_held_until(release), request_timeout_s=1) as client:
         r = _post(client, {"src": ["the cat sees a dog"]})  # its time runs out while it decodes: its future is done
         assert r.status_code == 503 and "request_timeout_s=1" in r.json()["error"] and r.headers["retry-after"] == "1"
         release.set()
@@ -264,19 +268,10 @@ def test_a_request_whose_client_left_mid_decode_does_not_kill_the_worker(toy_voc
 def test_the_queue_is_bounded_and_a_full_queue_says_when_to_retry(toy_vocab, monkeypatch):
     """N concurrent requests used to queue N jobs behind each other without limit; beyond max_queue_tokens a
     request now gets a 503 with Retry-After at once, and the queued ones are answered."""
-    import threading
-
     release = threading.Event()
-
-    def held(original):
-        def decode(*args, **kwargs):
-            release.wait(10)
-            return original(*args, **kwargs)
-
-        return decode
-
     line = "the cat sees a dog and the big red house"
-    with _client_with(toy_vocab, monkeypatch, decode=held, max_queue_tokens=15, batch_tokens=10) as client:
+    with _client_with(toy_vocab, monkeypatch, decode=_held_until(release), max_queue_tokens=15,
+                      batch_tokens=10) as client:  # fmt: skip
         with ThreadPoolExecutor(6) as pool:
             first = pool.submit(client.post, "/translate", json={"src": [line]})  # taken by the worker, held
             import time
@@ -301,7 +296,6 @@ def test_a_disconnected_clients_request_is_not_decoded(toy_vocab, monkeypatch):
     """A real server (uvicorn on loopback): a client that sends a request and closes its socket while another
     request decodes; its sentences never reach the decoder."""
     import socket
-    import threading
     import time
 
     import uvicorn

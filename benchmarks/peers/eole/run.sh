@@ -16,6 +16,8 @@ source "$HERE/../common.sh"
 VENV=$HERE/.venv
 WORK=${WORK:-/tmp/mt-peers/eole}
 CAL_STEPS=${CAL_STEPS:-150}   # ~8 minutes here; the steps after the first report (50) are timed
+# The recipe trains in bf16: kept where the CPU computes bf16 natively, fp32 where it would be emulated.
+if grep -qE '\b(amx_bf16|avx512_bf16)\b' /proc/cpuinfo; then DTYPE=${EOLE_DTYPE:-bf16}; else DTYPE=${EOLE_DTYPE:-fp32}; fi
 
 # aiohttp: eole 0.6.4 imports it at start-up (eole/bin/tools/load_test.py) without declaring it
 peer_venv "$VENV" eole==0.6.4 aiohttp
@@ -28,7 +30,7 @@ render() {  # render OUT TRAIN_STEPS VALID_STEPS WARMUP MODEL_DIR
     local lr
     lr=$("$PY" -c "import math; print(round(2 * math.sqrt(256 * $4 / (1024 * 4000)), 4))")
     sed -e "s|@WORK@|$WORK|g" -e "s|@TRAIN_STEPS@|$2|g" -e "s|@VALID_STEPS@|$3|g" -e "s|@WARMUP@|$4|g" \
-        -e "s|@LR@|$lr|g" \
+        -e "s|@LR@|$lr|g" -e "s|@DTYPE@|$DTYPE|g" \
         -e "s|model_path: \"$WORK/model\"|model_path: \"$5\"|" "$HERE/config.yaml" > "$1"
 }
 
@@ -61,7 +63,7 @@ EOF
 TRAIN_STEPS=$("$PY" -c "print(max(1, int(($(seconds_left "$START") - $OVERHEAD_S) / $SEC_PER_STEP)))")
 WARMUP=$(( TRAIN_STEPS * 8 / 100 ))
 echo "preprocessing $PREP_S s; timed run $CAL_S s: $SEC_PER_STEP s/step, $OVERHEAD_S s outside steps;" \
-    "training $TRAIN_STEPS steps, warmup $WARMUP, peak learning rate 9.9e-4"
+    "training $TRAIN_STEPS steps, warmup $WARMUP, peak learning rate 9.9e-4, compute_dtype $DTYPE"
 
 render "$WORK/train.yaml" "$TRAIN_STEPS" "$TRAIN_STEPS" "$WARMUP" "$WORK/model"
 "$EOLE" train --config "$WORK/train.yaml" > "$WORK/train.out" 2>&1 \
@@ -81,4 +83,4 @@ epochs=$(grep -oP "Sentences processed: +\K[0-9]+" "$WORK/train.out" | tail -1 \
     | awk -v n="$(wc -l < "$WORK/data/train.en")" '{printf "%.1f", $1 / n}')   # sentences trained on / pairs
 "$PYTHON" "$PEERS/score.py" --hyp "$WORK/hyp.test" --out "$WORK" --toolkit eole --version 0.6.4 \
     --meta params="${params:-?}" train_steps="$TRAIN_STEPS" epochs="$epochs" train_tok_s="$tok_s" sent_s="$sent_s" \
-        budget_min="$BUDGET_MIN" train_minutes="$(( (TRAIN_END - START) / 60 ))"
+        budget_min="$BUDGET_MIN" train_minutes="$(( (TRAIN_END - START) / 60 ))" compute_dtype="$DTYPE"

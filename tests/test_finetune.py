@@ -1,0 +1,158 @@
+"""`train.init_from`: a run that starts from a trained model, with everything but the weights, tokenizer and
+architecture fresh; exact resume; frozen parts bitwise unchanged; conflicts refused in one line."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+
+from mt import checkpoint, finetune
+from mt.config import ConfigError
+from mt.corpus import prepare_data
+from mt.training import Trainer
+from tests.conftest import write_toy_corpus
+from tests.test_training import make_config
+
+
+def finetuning(parent_run, corpus, run_dir, overrides=(), model=None, **train):
+    """What train.py does with train.init_from: load and adopt the parent, prepare the data with its tokenizer,
+    build the trainer, then resume or start from the parent."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg = make_config(corpus, run_dir, model, init_from=str(parent_run), **train)
+    parent = finetune.load_parent(cfg, run_dir)
+    cfg = finetune.adopt(cfg, parent, list(overrides))
+    trainer = Trainer(cfg, prepare_data(cfg, run_dir, cfg.model.max_positions, parent.vocabs), run_dir)
+    if not trainer.resume():
+        finetune.start(trainer, parent)
+    return trainer, parent
+
+
+def same(a: torch.nn.Module, b: torch.nn.Module, prefix: str = "") -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return all(torch.equal(sa[k], sb[k]) for k in sa if k.startswith(prefix))
+
+
+@pytest.fixture
+def domain(tmp_path):
+    """The "new data": a corpus of its own (the toy languages)."""
+    return write_toy_corpus(tmp_path / "domain")
+
+
+def test_a_finetuning_run_starts_from_the_weights_with_everything_else_fresh(toy_run, domain, tmp_path):
+    """The parent's weights, tokenizer and shapes; update/epoch counters at 0, schedule at its first warm-up step,
+    no optimizer moments, no best score, data order from the start, the weight average seeded from the parent.
+    (Before: the only route was a resume, which carried all of the old run's state into the new one.)"""
+    trainer, parent = finetuning(toy_run, domain, tmp_path / "ft", model={"d_model": 16, "n_heads": 2},
+                                 ema_decay=0.99, warmup=7)  # fmt: skip
+    old = checkpoint.load(toy_run / "checkpoint_last.pt")
+    assert old["update"] == 60 and old["optimizer"]["state"]  # the parent's run had all of these
+    assert trainer.model.cfg == parent.model.cfg and same(trainer.model, parent.model)
+    assert same(trainer.ema.model, parent.model)
+    assert trainer.corpus.vocabs.src.digest() == parent.vocabs.src.digest()
+    assert trainer.update == 0 and trainer.epochs_done == 0 and trainer.best == -math.inf
+    assert trainer.bad_validations == 0 and not trainer.optimizer.state_dict()["state"]
+    assert trainer.scheduler.last_epoch == 0 and trainer.sampler.epoch == 0 and trainer.sampler.position == 0
+    first_lr = trainer.optimizer.param_groups[0]["lr"]
+    assert first_lr < trainer.tc.lr / 5  # warming up again from the start (7 updates), not at the old step 60
+    record = json.loads((tmp_path / "ft" / "parent.json").read_text())
+    assert record["path"].endswith("checkpoint_best.pt") and record["weights_digest"] == parent.digest
+    assert trainer.fit(job_start=0) in ("max_epochs", "max_updates")
+    lines = [json.loads(x) for x in (tmp_path / "ft" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[0]["kind"] == "parent" and lines[0]["weights_digest"] == parent.digest
+    assert not same(trainer.model, parent.model)  # it trained
+
+
+def test_init_optimizer_carries_the_moments_over(toy_run, domain, tmp_path):
+    cfg_parent = checkpoint.load(toy_run / "checkpoint_last.pt")
+    trainer, _ = finetuning(toy_run / "checkpoint_last.pt", domain, tmp_path / "ft", init_optimizer=True)
+    state = trainer.optimizer.state_dict()["state"]
+    saved = cfg_parent["optimizer"]["state"]
+    assert state and all(torch.equal(state[k]["exp_avg"], saved[k]["exp_avg"]) for k in state)
+    assert trainer.update == 0  # the counters stay fresh
+    with pytest.raises(ConfigError, match="holds no optimizer state"):
+        finetuning(toy_run / "checkpoint_best.pt", domain, tmp_path / "ft2", init_optimizer=True)
+
+
+def test_the_same_command_resumes_a_finetuning_run_exactly(toy_run, domain, tmp_path):
+    straight, _ = finetuning(toy_run, domain, tmp_path / "a", max_updates=16)
+    straight.fit(job_start=0)
+    first, _ = finetuning(toy_run, domain, tmp_path / "b", max_updates=7)
+    assert first.fit(job_start=0) == "max_updates"
+    second, _ = finetuning(toy_run, domain, tmp_path / "b", max_updates=16)
+    assert second.update == 7  # resumed, not started again from the parent
+    second.fit(job_start=0)
+    assert second.update == 16 and same(straight.model, second.model)
+
+
+def test_frozen_parts_are_bitwise_unchanged_and_have_no_optimizer_state(toy_run, domain, tmp_path):
+    trainer, parent = finetuning(toy_run, domain, tmp_path / "ft", max_updates=12, freeze=["embeddings", "encoder"])
+    trainer.fit(job_start=0)
+    for prefix in ("src_embed.", "tgt_embed.", "output.", "encoder."):
+        assert same(trainer.model, parent.model, prefix), prefix
+    assert not same(trainer.model, parent.model, "decoder.")
+    frozen = [p for p in trainer.model.parameters() if not p.requires_grad]
+    assert frozen and all(p.grad is None and p not in trainer.optimizer.state for p in frozen)
+    with pytest.raises(ConfigError, match=r"train.freeze: 'attention' is not a part of the model; give any of"):
+        finetuning(toy_run, domain, tmp_path / "ft2", freeze=["attention"])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (dict(overrides=["model.d_ff=96"], model={"d_ff": 96}), "model.d_ff=96: the parent .train.init_from. has"),
+        (dict(overrides=["model=transformer_small"], model={"d_model": 64}), "model.d_model=64: the parent"),
+        (dict(resume="{tmp}/x.pt"), "train.init_from=.* and train.resume=.*: one run starts from one model"),
+    ],
+)
+def test_conflicts_are_one_line_errors(toy_run, domain, tmp_path, change, message):
+    change = {k: (v.format(tmp=tmp_path) if isinstance(v, str) else v) for k, v in change.items()}
+    with pytest.raises(ConfigError, match=message):
+        finetuning(toy_run, domain, tmp_path / "ft", **change)
+
+
+def test_dropout_may_change_and_a_foreign_tokenizer_may_not(toy_run, domain, tmp_path):
+    trainer, parent = finetuning(toy_run, domain, tmp_path / "ft", overrides=["model.dropout=0.3"],
+                                 model={"dropout": 0.3})  # fmt: skip
+    assert trainer.model.cfg.dropout == 0.3 and trainer.model.cfg.d_ff == parent.model.cfg.d_ff
+    cfg = make_config(domain, tmp_path / "ft3", init_from=str(toy_run))
+    words = ["".join(reversed(w)) for w in "the cat sees a dog and big red house".split()] * 5
+    from mt.config import TokenizerConfig
+    from mt.tokenizer import train_vocab
+
+    other = train_vocab(TokenizerConfig(vocab_size=40, min_frequency=1), [(" ".join(words), "x")], (0, 1))
+    other.tokenizer.save(str(tmp_path / "other.json"))
+    cfg = replace(cfg, tokenizer=replace(cfg.tokenizer, path=str(tmp_path / "other.json")))
+    with pytest.raises(ConfigError, match="other.json: not the tokenizer of the parent"):
+        finetune.adopt(cfg, finetune.load_parent(cfg, tmp_path / "ft3"), ["tokenizer.path=x"])
+    with pytest.raises(ConfigError, match="is this run's own dir"):
+        finetune.load_parent(cfg, toy_run)
+
+
+def test_a_validation_set_held_out_of_training_and_the_parents_test_reported(toy_run, domain, tmp_path):
+    """data.valid_from_train=N: N training pairs drawn by the seed, not trained on; the end of the run scores the
+    new data's test split and the parent's (forgetting)."""
+    from mt.finish import finish
+
+    (domain / "valid.xx").unlink()  # no validation split: the OPUS samples' case
+    (domain / "valid.yy").unlink()
+    run = tmp_path / "ft"
+    run.mkdir()
+    cfg = make_config(domain, run, init_from=str(toy_run), max_updates=10)
+    cfg = replace(cfg, data=replace(cfg.data, valid_from_train=30))
+    parent = finetune.load_parent(cfg, run)
+    cfg = finetune.adopt(cfg, parent, [])
+    corpus = prepare_data(cfg, run, cfg.model.max_positions, parent.vocabs)
+    held = json.loads((run / "valid_from_train.json").read_text())["rows"]
+    assert len(corpus.valid) == 30 and len(held) == 30 and not set(held) & set(corpus.train_rows.tolist())
+    assert len(corpus.train) == 200 - 30
+    again = prepare_data(cfg, run, cfg.model.max_positions, parent.vocabs)
+    assert again.valid["src"] == corpus.valid["src"]  # drawn from the seed
+    trainer = Trainer(cfg, corpus, run)
+    finetune.start(trainer, parent)
+    trainer.fit(job_start=0)
+    names = [r["name"] for r in finish(trainer)["reports"]]
+    assert names == ["test", "parent.test"] and (run / "parent.test.report.json").is_file()
