@@ -22,7 +22,7 @@ from mt import checkpoint
 from mt.config import ConfigError, ServeConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
 from mt.finetune import read_parent
-from mt.inference import run_decode_settings
+from mt.inference import glossary_of, run_decode_settings
 from mt.model_card import run_files
 from mt.runtime import pick_device, prefer_expandable_segments
 from mt.translator import Translator
@@ -46,10 +46,11 @@ def main(dcfg: DictConfig) -> None:
         ckpt = checkpoint.load(cfg.checkpoint)
         cfg.decode = run_decode_settings(cfg.decode, ckpt, list(HydraConfig.get().overrides.task))
         translator = Translator.open([ckpt], cfg.decode, pick_device(cfg.device), cfg.precision, tgt_lang=cfg.tgt_lang)
+        translator.glossary = glossary_of(cfg)
         data = (ckpt.get("config") or {}).get("data", {})
         info = {"model": ckpt["path"], "engine": type(translator.model).__name__, "src_lang": data.get("src_lang"),
                 "tgt_lang": data.get("tgt_lang"), "target_languages": sorted(translator.targets),
-                "default_tgt_lang": cfg.tgt_lang,
+                "default_tgt_lang": cfg.tgt_lang, "glossary_terms": len(translator.glossary or ()),
                 "test_scores": test_scores(ckpt), "parent": read_parent(run_files(ckpt)),
                 "model_config": ckpt["model_args"]}  # fmt: skip
         app = create_app(translator, cfg, info)

@@ -5,6 +5,8 @@
     python translate.py checkpoint=runs/NAME decode.nbest=3          # "i ||| hypothesis ||| score" lines
     python translate.py checkpoint=runs/NAME references=test_2016_flickr   # a split of the training data config
     python translate.py checkpoint=[runs/A,runs/B] < in.txt             # an ensemble (mean log-probabilities)
+    python translate.py checkpoint=runs/NAME glossary=terms.tsv < in.txt  # the glossary's terms in the output
+    python translate.py checkpoint=runs/NAME constraints=cons.txt < in.txt  # per line: target phrases, tab-separated
 
 Only translations go to stdout; logs and the score go to stderr (and report.json/md with `references`).
 """
@@ -25,7 +27,7 @@ from omegaconf import DictConfig
 from mt import checkpoint
 from mt.config import TranslateConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.inference import run_decode_settings, translate_stream, translate_whole
+from mt.inference import glossary_of, run_decode_settings, translate_stream, translate_whole
 from mt.runtime import keep_freed_memory_in_the_heap, pick_device, prefer_expandable_segments
 from mt.translator import Translator
 
@@ -52,6 +54,7 @@ def main(dcfg: DictConfig) -> None:
         translator = Translator.open(ckpts, d, pick_device(cfg.device), cfg.precision, bool(cfg.plot_attention),
                                      cfg.tgt_lang)  # fmt: skip
         translator.target_id()  # a multilingual model without tgt_lang: the one-line error before reading input
+        translator.glossary = glossary_of(cfg)
         if cfg.references or cfg.plot_attention:  # these need the whole input
             translate_whole(cfg, translator)
         else:

@@ -198,6 +198,8 @@ class DecodeConfig:
     topp: float = 1.0
     temperature: float = 1.0
     seed: int = 0
+    # Constraints (translate.py constraints=/glossary=): unordered (each phrase anywhere) | ordered (in the given order)
+    constraint_order: str = "unordered"
 
 
 @dataclass
@@ -223,6 +225,15 @@ class TranslateConfig:
     output: str = "-"  # a file, or - for stdout
     # A file of target prefixes, one per input line (an empty line = none): each translation starts with its prefix.
     prefix: str | None = None
+    # Terminology (mt/constraints.py): a file of target phrases each line's translation must contain, one line per
+    # input line, phrases separated by tabs (an empty line = none); and/or a glossary, TSV "source term<TAB>target
+    # term": the terms whose source side occurs in a line (whole words) become its constraints.
+    constraints: str | None = None
+    glossary: str | None = None
+    glossary_ignore_case: bool = False  # source terms match whatever their case
+    # Each line a paragraph (or a document's line): translated sentence by sentence (mt/segment.py), joined back with
+    # its own spacing and indentation. Off by default: a test set has one sentence per line.
+    split: bool = False
     tgt_lang: str | None = None  # the target language of a multilingual model (data.directions); others ignore it
     references: str | None = None  # a file, or a split name of the checkpoint's data config (e.g. test_2016_flickr)
     report_dir: str | None = None  # where report.json/md go; default: next to the output
@@ -239,6 +250,8 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     tgt_lang: str | None = None  # a multilingual model's default target language (a request's "tgt_lang" wins)
+    glossary: str | None = None  # a TSV glossary applied to every request (translate.py's glossary=)
+    glossary_ignore_case: bool = False
     device: str = "auto"
     precision: str = "fp32"
     decode: DecodeConfig = field(default_factory=DecodeConfig)  # the run's settings unless given as decode.*
@@ -265,6 +278,8 @@ def register_configs() -> None:
 
 def to_dataclass(cfg: DictConfig) -> Any:
     """Turn a composed DictConfig into its schema dataclass (validating enumerations on the way)."""
+    from mt.config_checks import validate  # the training config's checks import this module's schemas
+
     obj = OmegaConf.to_object(cfg)
     if isinstance(obj, Config):
         validate(obj)
@@ -295,108 +310,16 @@ def checkpoint_list(value) -> list[str]:
     return [str(p) for p in paths]
 
 
-NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents")  # tokenizers.normalizers' classes
-
-
 def _choice(key: str, value: str, options: tuple[str, ...]) -> None:
     if value not in options:
         raise ConfigError(f"{key}={value!r} is not one of {', '.join(options)}; fix the override or config file")
-
-
-def validate(cfg: Config) -> None:
-    """Reject values the type system lets through but the code cannot use."""
-    _choice("data.format", cfg.data.format, ("parallel", "tsv", "jsonl", "hub"))
-    _choice("model.norm", cfg.model.norm, ("post", "pre"))
-    _choice("model.tie_embeddings", cfg.model.tie_embeddings, ("all", "decoder", "none"))
-    _choice("model.positions", cfg.model.positions, ("sinusoidal", "learned"))
-    _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "linear", "constant"))
-    _choice("train.optimizer", cfg.train.optimizer, ("adam", "adamw"))
-    _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
-    for step in cfg.tokenizer.normalization.split("+"):
-        _choice("tokenizer.normalization", step, NORMALIZERS)
-    validate_corpora(cfg)
-    for key, value, low in (
-        ("data.max_len", cfg.data.max_len, 1),
-        ("data.max_ratio", cfg.data.max_ratio, 1.0),
-        ("tokenizer.vocab_size", cfg.tokenizer.vocab_size, 8),
-        ("tokenizer.sample_pairs", cfg.tokenizer.sample_pairs, 0),
-        ("model.d_model", cfg.model.d_model, 1),
-        ("model.n_heads", cfg.model.n_heads, 1),
-        ("model.d_ff", cfg.model.d_ff, 1),
-        ("model.encoder_layers", cfg.model.encoder_layers, 1),
-        ("model.decoder_layers", cfg.model.decoder_layers, 1),
-        ("model.max_positions", cfg.model.max_positions, 2),
-        ("train.max_tokens", cfg.train.max_tokens, 1),
-        ("train.max_epochs", cfg.train.max_epochs, 1),
-        ("train.max_updates", cfg.train.max_updates, 0),
-        ("train.max_time", cfg.train.max_time, 0.0),
-        ("train.lr", cfg.train.lr, 0.0),
-        ("train.warmup", cfg.train.warmup, 0),
-        ("train.clip_norm", cfg.train.clip_norm, 0.0),
-        ("train.log_every", cfg.train.log_every, 1),
-        ("train.valid_every", cfg.train.valid_every, 0),
-        ("train.keep_last", cfg.train.keep_last, 0),
-        ("train.average_last", cfg.train.average_last, 0),
-        ("train.save_every", cfg.train.save_every, 0.0),
-        ("train.max_nan_updates", cfg.train.max_nan_updates, 1),
-        ("train.wait_timeout", cfg.train.wait_timeout, 0.1),
-    ):
-        if value < low:
-            raise ConfigError(f"{key}={value} is below its minimum {low}; fix the override or config file")
-    for key, value in (
-        ("model.dropout", cfg.model.dropout),
-        ("model.attention_dropout", cfg.model.attention_dropout),
-        ("model.activation_dropout", cfg.model.activation_dropout),
-        ("train.label_smoothing", cfg.train.label_smoothing),
-    ):
-        if not 0.0 <= value < 1.0:
-            raise ConfigError(f"{key}={value} is a probability; use a value in [0, 1)")
-    if cfg.data.src_lang == cfg.data.tgt_lang:
-        raise ConfigError(f"data.src_lang and data.tgt_lang are both {cfg.data.src_lang!r}; pick two languages")
-    if cfg.model.d_model % cfg.model.n_heads:
-        raise ConfigError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
-    if cfg.model.tie_embeddings == "all" and not cfg.tokenizer.joint:
-        raise ConfigError(
-            "model.tie_embeddings=all needs a joint vocabulary; set tokenizer.joint=true "
-            "or model.tie_embeddings=decoder"
-        )
-    if cfg.train.schedule == "linear" and not (cfg.train.max_updates or cfg.train.max_time):
-        raise ConfigError(
-            "train.schedule=linear decays the lr to 0 over the run's budget; set train.max_updates or train.max_time"
-        )
-    if not 0.0 <= cfg.train.ema_decay < 1.0:
-        raise ConfigError(
-            f"train.ema_decay={cfg.train.ema_decay} is a decay per update; use a value in [0, 1), e.g. 0.999"
-        )
-    if not 0.0 <= cfg.train.bpe_dropout < 1.0:
-        raise ConfigError(f"train.bpe_dropout={cfg.train.bpe_dropout} is a probability; use a value in [0, 1)")
-    if not 0.0 <= cfg.train.cooldown <= 1.0:
-        raise ConfigError(f"train.cooldown={cfg.train.cooldown} is a fraction of the budget; use a value in [0, 1]")
-    if cfg.train.cooldown and not (cfg.train.max_updates or cfg.train.max_time):
-        raise ConfigError(
-            f"train.cooldown={cfg.train.cooldown} anneals the lr over the end of the run's budget; "
-            "set train.max_updates or train.max_time (or train.cooldown=0)"
-        )
-    if cfg.train.schedule != "constant" and cfg.train.warmup < 1:
-        raise ConfigError(
-            f"train.warmup={cfg.train.warmup}: the {cfg.train.schedule} schedule needs warmup >= 1 "
-            "update (or train.schedule=constant)"
-        )
-    if cfg.data.valid_from_train < 0:
-        raise ConfigError(f"data.valid_from_train={cfg.data.valid_from_train}: give a number of pairs, 0 = off")
-    if cfg.data.valid_from_train and cfg.data.directions:
-        raise ConfigError("data.valid_from_train with data.directions is not supported; give a validation split")
-    if cfg.train.init_optimizer and not cfg.train.init_from:
-        raise ConfigError("train.init_optimizer carries the optimizer of train.init_from over; set train.init_from")
-    if cfg.train.accumulate < 1:
-        raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
-    validate_decode(cfg.decode)
 
 
 def validate_decode(cfg: DecodeConfig) -> None:
     """Search settings, shared by train.py (validation and test) and translate.py."""
     _choice("decode.length_penalty_type", cfg.length_penalty_type, ("gnmt", "average"))
     _choice("decode.quantize", cfg.quantize, ("none", "int8"))
+    _choice("decode.constraint_order", cfg.constraint_order, ("unordered", "ordered"))
     for key, value, low in (
         ("decode.max_tokens", cfg.max_tokens, 1),
         ("decode.max_len_a", cfg.max_len_a, 0.0),
@@ -437,22 +360,3 @@ def parse_direction(direction: str, where: str = "data.directions") -> tuple[str
     if not src or not tgt or "-" in tgt or src == tgt:
         raise ConfigError(f"{where}: {direction!r} is not a direction; write source-target, e.g. en-de")
     return src, tgt
-
-
-def validate_corpora(cfg: Config) -> None:
-    for direction in cfg.data.directions:
-        parse_direction(direction)
-    if cfg.data.directions and not cfg.tokenizer.joint:
-        raise ConfigError("data.directions needs one joint vocabulary for all languages; set tokenizer.joint=true")
-    if len(set(cfg.data.directions)) != len(cfg.data.directions):
-        raise ConfigError(f"data.directions={cfg.data.directions}: a direction is listed twice")
-    for i, c in enumerate(cfg.data.corpora):
-        where = f"data.corpora[{i}]"
-        if c.format is not None:
-            _choice(f"{where}.format", c.format, ("parallel", "tsv", "jsonl", "hub"))
-        if not c.weight > 0:
-            raise ConfigError(f"{where}.weight={c.weight}: give a weight above 0 (pairs per epoch per pair)")
-        if c.tag is not None and not (len(c.tag) > 2 and c.tag[0] == "<" and c.tag[-1] == ">" and " " not in c.tag):
-            raise ConfigError(f"{where}.tag={c.tag!r}: give a token like <bt> (angle brackets, no spaces)")
-        if c.tag is not None and cfg.tokenizer.path:
-            raise ConfigError(f"{where}.tag needs a tokenizer trained with it; unset tokenizer.path")

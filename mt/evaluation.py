@@ -19,6 +19,7 @@ import torch
 from mt import data, runtime
 from mt.batching import BatchLoader, collate, pad
 from mt.config import ConfigError, DecodeConfig
+from mt.constraints import Constraints, constrained_beam_search
 from mt.corpus import make_sampler
 from mt.quantize import is_int8, quantize_int8
 from mt.runtime import autocast
@@ -78,11 +79,12 @@ def translate_ids(
     autocast_dtype: torch.dtype | None,
     prefixes: list[list[int]] | None = None,
     line_numbers: list[int] | None = None,
+    constraints: list[Constraints] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode token-id sources (no specials) and return hypotheses in input order. An empty source gives
     `nbest` empty hypotheses (an empty line in, an empty line out). `prefixes`: target ids each line's
     hypotheses start with (empty = none). `line_numbers`: each source's number in its input (default 0, 1, ...),
-    which with `cfg.seed` decides its samples."""
+    which with `cfg.seed` decides its samples. `constraints`: each line's target phrases (mt/constraints.py)."""
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]
     nonempty = [i for i, s in enumerate(src_ids) if s]
     lengths = [len(src_ids[i]) + 1 for i in nonempty]
@@ -104,7 +106,11 @@ def translate_ids(
         batch = batch.to(device)
         prefix = prefix.to(device) if prefix is not None else None
         with torch.autocast(device.type, dtype=autocast_dtype or torch.float32, enabled=autocast_dtype is not None):
-            hyps = search(model, batch.src, batch.src_pad_mask, cfg, prefix, uniforms)
+            if constraints and any(constraints[i] for i in idx):
+                hyps = constrained_beam_search(model, batch.src, batch.src_pad_mask, cfg, [constraints[i] for i in idx],
+                                               prefix)  # fmt: skip
+            else:
+                hyps = search(model, batch.src, batch.src_pad_mask, cfg, prefix, uniforms)
         for i, h in zip(idx, hyps):
             out[i] = h
     return out

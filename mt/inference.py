@@ -17,6 +17,7 @@ import torch
 
 from mt import checkpoint, data, runtime
 from mt.config import ConfigError, DataConfig, DecodeConfig, TranslateConfig, validate_decode
+from mt.constraints import Constraints
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.ct2 import CTranslate2Model
 from mt.ensemble import Ensemble
@@ -25,6 +26,8 @@ from mt.plots import cross_attention, plot_attention
 from mt.quantize import quantize_int8
 from mt.runtime import pick_autocast, use_tf32
 from mt.search import Hypothesis
+from mt.segment import refuse_with_split
+from mt.terminology import Glossary, Tally
 from mt.tokenizer import Vocabs
 
 log = logging.getLogger(__name__)
@@ -39,12 +42,12 @@ def read_input(path: str, errors: str = "strict") -> list[str]:
     return split_lines(data.read_bytes(Path(path)), path, errors)
 
 
-def input_chunks(path: str, errors: str, size: int) -> Iterator[list[str]]:
+def input_chunks(path: str, errors: str, size: int, indent: bool = False) -> Iterator[list[str]]:
     """The input's lines (as `split_lines` cuts and decodes them) `size` at a time, read as they are needed, so that
     memory stays bounded whatever the input's length. From stdin a chunk also ends when no more input is waiting:
     a person at a terminal, or a program that writes a line and waits for its translation, gets it at once, while
     a file or a fast pipe is still read in large chunks. The file is opened now: a missing one fails before any
-    work."""
+    work. Lines are stripped, or with `indent` (documents: `split=true`) only at their end."""
     if path == "-":
         raw_lines, name = waiting_lines(sys.stdin.buffer.fileno()), "stdin"
     elif Path(path).is_file():
@@ -57,7 +60,7 @@ def input_chunks(path: str, errors: str, size: int) -> Iterator[list[str]]:
         lines, flushes = raw_lines
         try:
             for lineno, raw in enumerate(lines, start=1):  # binary lines end at b"\n" only
-                line = decode_line(raw.rstrip(b"\n"), name, lineno, errors)
+                line = decode_line(raw.rstrip(b"\n"), name, lineno, errors, indent)
                 replaced += "\ufffd" in line and errors == "replace"
                 chunk.append(line)
                 if len(chunk) == size or (flushes is not None and flushes.nothing_waiting()):
@@ -102,16 +105,17 @@ def waiting_lines(fd: int) -> tuple[WaitingLines, WaitingLines]:
     return lines, lines
 
 
-def decode_line(raw: bytes, name: str, lineno: int, errors: str) -> str:
+def decode_line(raw: bytes, name: str, lineno: int, errors: str, indent: bool = False) -> str:
     try:
-        return raw.decode("utf-8").strip()
+        return raw.decode("utf-8").rstrip() if indent else raw.decode("utf-8").strip()
     except UnicodeDecodeError as e:
         if errors != "replace":
             raise data.DataError(
                 f"{name}:{lineno}: bytes that are not UTF-8 ({e.reason}); re-encode the input as UTF-8 "
                 "or set input_errors=replace"
             ) from None
-        return raw.decode("utf-8", errors="replace").strip()
+        line = raw.decode("utf-8", errors="replace")
+        return line.rstrip() if indent else line.strip()
 
 
 def split_lines(raw: bytes, name: str, errors: str = "strict") -> list[str]:
@@ -161,12 +165,16 @@ def decode_ids(
     amp,
     prefixes: list[list[int]] | None = None,
     line_numbers: list[int] | None = None,
+    constraints: list[Constraints] | None = None,
 ) -> list[list[Hypothesis]]:
     """Hypotheses for token-id sources with this project's search, or CTranslate2's for an export (see
-    `mt.evaluation.translate_ids` for `prefixes` and `line_numbers`)."""
+    `mt.evaluation.translate_ids` for `prefixes`, `line_numbers` and `constraints`)."""
     if isinstance(model, CTranslate2Model):
+        if constraints is not None:
+            raise ConfigError("constraints and glossaries need this project's search: CTranslate2 has no constrained "
+                              "beam search; give the run dir or release instead of the CTranslate2 export")  # fmt: skip
         return model.translate_ids(src_ids, cfg, prefixes)
-    return translate_ids(model, src_ids, cfg, device, amp, prefixes, line_numbers)
+    return translate_ids(model, src_ids, cfg, device, amp, prefixes, line_numbers, constraints)
 
 
 def output_lines(
@@ -299,39 +307,53 @@ def load_ensemble(ckpts: list[dict], decode: DecodeConfig, precision: str, devic
     return for_decoding(ensemble, decode, device), vocabs, amp
 
 
-class PrefixFile:
-    """translate.py's `prefix=FILE`: one target prefix per input line (an empty line = none), read alongside the
-    input's chunks."""
+class AlignedFile:
+    """translate.py's `prefix=FILE` and `constraints=FILE`: one line per input line (an empty line = none), read
+    alongside the input's chunks; `key` names the option in errors."""
 
-    def __init__(self, path: str):
-        self.path, self.read = path, 0
+    def __init__(self, path: str, key: str = "prefix", what: str = "one prefix per input line"):
+        self.path, self.key, self.what, self.read = path, key, what, 0
         if not Path(path).is_file():
-            raise data.DataError(f"prefix={path}: no such file; give one target prefix per input line")
+            raise data.DataError(f"{key}={path}: no such file; give {what}")
         self.lines = input_chunks(path, "strict", 1)
 
     def take(self, n: int) -> list[str]:
         out = [line for _, [line] in zip(range(n), self.lines)]
         if len(out) < n:
-            raise data.DataError(f"prefix={self.path}: has {self.read + len(out)} lines but the input has more (line "
-                                 f"{self.read + len(out) + 1}); give one prefix per input line")  # fmt: skip
+            raise data.DataError(f"{self.key}={self.path}: has {self.read + len(out)} lines but the input has more "
+                                 f"(line {self.read + len(out) + 1}); give {self.what}")  # fmt: skip
         self.read += n
         return out
 
     def finish(self) -> None:
         if next(self.lines, None) is not None:
-            raise data.DataError(f"prefix={self.path}: line {self.read + 1} has no input line (the input has "
-                                 f"{self.read}); give one prefix per input line")  # fmt: skip
+            raise data.DataError(f"{self.key}={self.path}: line {self.read + 1} has no input line (the input has "
+                                 f"{self.read}); give {self.what}")  # fmt: skip
+
+
+def constraint_file(cfg: TranslateConfig) -> AlignedFile | None:
+    if not cfg.constraints:
+        return None
+    return AlignedFile(cfg.constraints, "constraints", "one line of tab-separated target phrases per input line")
+
+
+def glossary_of(cfg) -> Glossary | None:
+    """translate.py's and serve.py's `glossary=FILE` (with `glossary_ignore_case`)."""
+    return Glossary.from_file(cfg.glossary, cfg.glossary_ignore_case) if cfg.glossary else None
 
 
 def translate_stream(cfg: TranslateConfig, translator) -> None:
     """`stream_lines` lines at a time (fewer when no more input is waiting): read, translated, written (bounded
     memory, output as soon as it is ready). `translator`: an mt.translator.Translator."""
-    chunks = input_chunks(cfg.input, cfg.input_errors, cfg.stream_lines)
-    prefixes = PrefixFile(cfg.prefix) if cfg.prefix else None
+    chunks = input_chunks(cfg.input, cfg.input_errors, cfg.stream_lines, indent=cfg.split)
+    prefixes = AlignedFile(cfg.prefix) if cfg.prefix else None
+    constraints, tally = constraint_file(cfg), Tally()
     out, start = open_output(cfg.output), time.perf_counter()
-    done, n_tokens = translator.translate_stream(chunks, out, cfg.decode, prefixes, f"prefix={cfg.prefix}")
+    done, n_tokens = translator.translate_stream(chunks, out, cfg.decode, prefixes, f"prefix={cfg.prefix}",
+                                                 constraints=constraints, tally=tally, split=cfg.split)  # fmt: skip
     seconds = max(time.perf_counter() - start, 1e-9)
     log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", done, seconds, done / seconds, n_tokens / seconds)
+    tally.log()
 
 
 def translate_whole(cfg: TranslateConfig, translator) -> None:
@@ -339,19 +361,34 @@ def translate_whole(cfg: TranslateConfig, translator) -> None:
     lines, ckpt, vocabs = read_input(cfg.input, cfg.input_errors), translator.checkpoint, translator.vocabs
     target = translator.target_id() and translator.tgt_lang  # a multilingual model's language, checked first
     refs = read_references(cfg.references, ckpt, len(lines), target) if cfg.references else None
-    prefix = None
+    prefix, phrases, tally = None, None, Tally()
     if cfg.prefix:
-        prefixes = PrefixFile(cfg.prefix)
+        prefixes = AlignedFile(cfg.prefix)
         prefix = prefixes.take(len(lines))
         prefixes.finish()
+    if cfg.constraints:
+        constraints = constraint_file(cfg)
+        phrases = [c.split("\t") for c in constraints.take(len(lines))]
+        constraints.finish()
+    if cfg.split:
+        if cfg.plot_attention:
+            raise ConfigError("plot_attention shows one sentence's attention; unset split")
+        refuse_with_split(cfg.decode, prefix, phrases, "split=true")
     out, start = open_output(cfg.output), time.perf_counter()
-    src_ids, hyps = translator.hypotheses(lines, cfg.decode, prefix, where=f"prefix={cfg.prefix}")
-    texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+    if cfg.split:  # each line sentence by sentence
+        texts, n_tokens = translator.texts(lines, cfg.decode, True, tally=tally)
+        write_output(out, texts)
+    else:
+        src_ids, hyps = translator.hypotheses(lines, cfg.decode, prefix, where=f"prefix={cfg.prefix}",
+                                              constraints=phrases, tally=tally,
+                                              constraints_where=f"constraints={cfg.constraints}")  # fmt: skip
+        texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+        write_output(out, output_lines(hyps, texts, vocabs, cfg.decode.nbest))
+        n_tokens = sum(len(h[0].tokens) for h in hyps)
     seconds = max(time.perf_counter() - start, 1e-9)
-    write_output(out, output_lines(hyps, texts, vocabs, cfg.decode.nbest))
-    n_tokens = sum(len(h[0].tokens) for h in hyps)
     speed = {"sentences_per_s": len(lines) / seconds, "tokens_per_s": n_tokens / seconds}
     log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", len(lines), seconds, *speed.values())
+    tally.log()
     if refs is not None:
         report_dir = Path(cfg.report_dir or (Path(cfg.output).parent if cfg.output != "-" else "."))
         extra = {**speed, "decode": asdict(cfg.decode), "precision": cfg.precision, "checkpoint": ckpt["path"]}

@@ -2,7 +2,9 @@
 CTranslate2 export.
 
     POST /translate {"src": ["...", ...], "beam_size"?: int, "nbest"?: int, "prefix"?: ["...", ...],
-                     "sampling"?: bool, "topk"?: int, "topp"?: float, "temperature"?: float, "seed"?: int}
+                     "sampling"?: bool, "topk"?: int, "topp"?: float, "temperature"?: float, "seed"?: int,
+                     "constraints"?: [["phrase", ...], ...], "glossary"?: {"source term": "target term", ...},
+                     "constraint_order"?: "unordered" | "ordered", "split"?: bool}
          -> {"translations": ["...", ...]}  (nbest > 1: [[{"text": .., "score": ..}, ...], ...]), order kept
     GET  /health -> {"status": "ok", "worker_restarts": n} (503 "down" if the decoding worker is not running)
     GET  /info -> model, languages, test scores, decode settings, limits, counters
@@ -41,8 +43,11 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mt.config import ConfigError, DecodeConfig, ServeConfig
+from mt.constraints import Constraints
 from mt.inference import decode_ids
 from mt.search import Hypothesis
+from mt.segment import Document, refuse_with_split
+from mt.terminology import Glossary, line_constraints
 
 log = logging.getLogger(__name__)
 PAGE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8")
@@ -60,6 +65,10 @@ class TranslateRequest(BaseModel):
     topp: float | None = None
     temperature: float | None = None
     seed: int | None = None
+    constraints: list[list[str]] | None = None  # per line: target phrases its translation must contain
+    glossary: dict[str, str] | None = None  # source term -> target term, on top of the server's glossary=FILE
+    constraint_order: str | None = None  # unordered (default) | ordered
+    split: bool = False  # each line a paragraph: translated sentence by sentence, joined back (mt/segment.py)
 
 
 class BadRequest(Exception):
@@ -113,6 +122,7 @@ class Job:
     src_ids: list[list[int]]
     prefixes: list[list[int]] | None
     decode: DecodeConfig
+    constraints: list[Constraints] | None
     done: asyncio.Future  # cancelled when its client is gone or its time is up: then it is not decoded
     tokens: int = field(init=False)
 
@@ -136,12 +146,17 @@ class Batcher:
         self.batches = self.requests = self.dropped = self.refused = self.restarts = 0
 
     async def translate(
-        self, src_ids: list[list[int]], prefixes: list[list[int]] | None, decode: DecodeConfig, gone=None
+        self,
+        src_ids: list[list[int]],
+        prefixes: list[list[int]] | None,
+        decode: DecodeConfig,
+        gone=None,
+        constraints: list[Constraints] | None = None,
     ) -> list[list[Hypothesis]]:
         """The request's hypotheses; a 503 (with Retry-After) when the queue holds `max_queue_tokens` already or the
         answer takes over `timeout_s`. `gone`: an async callable telling whether the client has disconnected, in
         which case its job is dropped before it is decoded."""
-        job = Job(src_ids, prefixes, decode, asyncio.get_running_loop().create_future())
+        job = Job(src_ids, prefixes, decode, constraints, asyncio.get_running_loop().create_future())
         if self.queued_tokens and self.queued_tokens + job.tokens > self.max_queue_tokens:
             self.refused += 1
             wait = math.ceil(self.queued_tokens / self.tokens_per_s) if self.tokens_per_s else 1
@@ -204,9 +219,10 @@ class Batcher:
                 src_ids = [s for job in group for s in job.src_ids]
                 prefixes = [p for job in group for p in (job.prefixes or [[]] * len(job.src_ids))]
                 numbers = [i for job in group for i in range(len(job.src_ids))]  # each request's own line numbers
+                rules = [c for job in group for c in (job.constraints or [Constraints([])] * len(job.src_ids))]
                 start = time.perf_counter()
                 try:
-                    hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode, prefixes, numbers)
+                    hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode, prefixes, numbers, rules)
                 except Exception as e:  # a decoding failure answers its requests, the server goes on
                     log.exception("decoding failed")
                     for job in group:
@@ -246,9 +262,10 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
     """The app over a loaded mt.translator.Translator (this project's model, an ensemble or a CTranslate2 export)."""
     model, vocabs = translator.model, translator.vocabs
 
-    def decode(src_ids, settings, prefixes, numbers):
+    def decode(src_ids, settings, prefixes, numbers, constraints):
         prefixes = prefixes if any(prefixes) else None
-        return decode_ids(model, src_ids, settings, translator.device, translator.amp, prefixes, numbers)
+        constraints = constraints if any(constraints) else None
+        return decode_ids(model, src_ids, settings, translator.device, translator.amp, prefixes, numbers, constraints)
 
     batcher = Batcher(decode, cfg.batch_wait_ms / 1000, cfg.batch_tokens, cfg.max_queue_tokens,
                       cfg.request_timeout_s)  # fmt: skip
@@ -260,7 +277,7 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
         batcher.worker.cancel()
 
     app = FastAPI(title="mt translation server", lifespan=lifespan)
-    app.state.batcher = batcher
+    app.state.batcher, app.state.translator = batcher, translator
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
 
     @app.exception_handler(StarletteHTTPException)
@@ -303,10 +320,20 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
     @app.post("/translate")
     async def translate(req: TranslateRequest, request: Request) -> dict:
         decode = _request_decode(req, cfg, translator)
-        src_ids, prefixes, warnings = _request_sources(req, cfg, translator, decode)
-        hyps = await batcher.translate(src_ids, prefixes, decode, gone=request.is_disconnected)
-        if decode.nbest == 1:
-            out: dict = {"translations": vocabs.tgt.decode_batch([h[0].tokens for h in hyps])}
+        doc = _request_split(req, translator, decode)
+        lines = doc.sentences if doc is not None else req.src
+        src_ids, prefixes, warnings = _request_sources(req, lines, cfg, translator, decode)
+        rules = _request_constraints(req, lines, translator, decode)
+        hyps = await batcher.translate(src_ids, prefixes, decode, gone=request.is_disconnected, constraints=rules)
+        for i, (rule, hs) in enumerate(zip(rules or [], hyps)):
+            if rule and rule.count_met(hs[0].tokens) < len(rule.phrases):
+                warnings.append(f"src[{i}]: {len(rule.phrases) - rule.count_met(hs[0].tokens)} of "
+                                f"{len(rule.phrases)} constraints not met within the length limit; translated "
+                                "without them")  # fmt: skip
+        if doc is not None:
+            out: dict = {"translations": doc.join(vocabs.tgt.decode_batch([h[0].tokens for h in hyps]))}
+        elif decode.nbest == 1:
+            out = {"translations": vocabs.tgt.decode_batch([h[0].tokens for h in hyps])}
         else:
             out = {"translations": [[{"text": vocabs.tgt.decode(h.tokens), "score": h.score} for h in hs]
                                     for hs in hyps]}  # fmt: skip
@@ -315,14 +342,25 @@ def create_app(translator, cfg: ServeConfig, info: dict) -> FastAPI:
     return app
 
 
-def _request_sources(req: TranslateRequest, cfg: ServeConfig, translator, decode: DecodeConfig):
-    """(source ids, prefix ids, warnings) of a request: its tokens counted before lines are cut to the model (a
-    100,000-character line counts in full), a multilingual model's target-language token first."""
+def _request_split(req: TranslateRequest, translator, decode: DecodeConfig) -> Document | None:
+    """With "split": the request's lines as sentences (what a split line cannot have is a 422)."""
+    if not req.split:
+        return None
+    try:
+        refuse_with_split(decode, req.prefix, req.constraints)
+        return translator.split(req.src, req.tgt_lang)
+    except ConfigError as e:
+        raise BadRequest(422, str(e)) from None
+
+
+def _request_sources(req: TranslateRequest, lines: list[str], cfg: ServeConfig, translator, decode: DecodeConfig):
+    """(source ids, prefix ids, warnings) of a request's `lines`: its tokens counted before lines are cut to the
+    model (a 100,000-character line counts in full), a multilingual model's target-language token first."""
     try:
         target = translator.target_id(req.tgt_lang)
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
-    src_ids = translator.vocabs.src.encode_batch(req.src)
+    src_ids = translator.vocabs.src.encode_batch(lines)
     n_tokens = sum(len(s) + 1 for s in src_ids)
     if n_tokens > cfg.max_request_tokens:
         raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
@@ -336,6 +374,19 @@ def _request_sources(req: TranslateRequest, cfg: ServeConfig, translator, decode
         src_ids = [[target, *ids] if ids else ids for ids in src_ids]
     try:
         return src_ids, translator.encode_prefixes(req.prefix, src_ids, decode), warnings
+    except ConfigError as e:
+        raise BadRequest(422, str(e)) from None
+
+
+def _request_constraints(req: TranslateRequest, lines: list[str], translator, decode: DecodeConfig):
+    """Each line's constraints: the request's phrases and the glossary terms (the server's, with the request's on
+    top) found in it."""
+    glossary = translator.glossary
+    try:
+        if req.glossary:
+            own = Glossary.from_pairs([(s, t, f"glossary[{s!r}]") for s, t in req.glossary.items()])
+            glossary = glossary.merged(own) if glossary is not None else own
+        return line_constraints(translator.vocabs.tgt, lines, req.constraints, glossary, decode, "constraints")
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
 
@@ -357,7 +408,8 @@ def _request_decode(req: TranslateRequest, cfg: ServeConfig, translator) -> Deco
     cap = min(cfg.max_output_tokens, cfg.decode.max_len or cfg.max_output_tokens)
     try:
         return translator.settings(beam_size=beam, nbest=nbest, sampling=sampling, topk=req.topk, topp=req.topp,
-                                   temperature=req.temperature, seed=req.seed, max_len=cap)  # fmt: skip
+                                   temperature=req.temperature, seed=req.seed, max_len=cap,
+                                   constraint_order=req.constraint_order)  # fmt: skip
     except ConfigError as e:
         raise BadRequest(422, str(e).replace("decode.", "")) from None
 

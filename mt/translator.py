@@ -8,6 +8,9 @@ tokenizers and its decoding settings; text in, translations out.
     t.translate(["A dog runs."], nbest=3)                 # [[("Ein Hund rennt.", -0.38), ...]]
     t.translate(["A dog runs."], sampling=True, topk=10)  # a sample per line (reproducible: `seed`)
     t.translate(["A dog runs."], prefix=["Ein Hund"])     # translations that start with the prefix
+    t.translate(["A dog runs."], constraints=[["Hündchen"]])   # translations that contain the phrases
+    t.translate(["A dog runs."], glossary={"dog": "Hündchen"})  # or a glossary's terms (also Glossary.from_file)
+    t.translate(["A dog runs. It is fast."], split=True)  # paragraphs: sentence by sentence, layout kept
     t.score(["A dog runs."], ["Ein Hund rennt."])         # the model's log-probability of each pair
 """
 
@@ -39,6 +42,8 @@ from mt.inference import (
 )
 from mt.runtime import autocast, pick_device
 from mt.search import Hypothesis, output_cap
+from mt.segment import Document, refuse_with_split, split_document
+from mt.terminology import Glossary, Tally, check, line_constraints
 from mt.tokenizer import PAD
 
 log = logging.getLogger(__name__)
@@ -74,6 +79,7 @@ class Translator:
         self.checkpoint = ckpt  # the (first) checkpoint's dict: "path", "config", "model_args"
         self.targets = target_tokens(vocabs)  # a multilingual model's {language: its <2xx> token's id}
         self.tgt_lang: str | None = None  # the default target language of a multilingual model
+        self.glossary: Glossary | None = None  # applied to every input unless a call gives its own (server-wide)
 
     @classmethod
     def load(
@@ -132,6 +138,36 @@ class Translator:
         """Source tokens a line may have (the model's positions, less one for </s>)."""
         return self.model.cfg.max_positions - 1
 
+    @property
+    def src_lang(self) -> str:
+        """The source language (the sentence splitter's rules): the run's `data.src_lang`, else English's."""
+        return ((self.checkpoint.get("config") or {}).get("data") or {}).get("src_lang") or "en"
+
+    def split(self, lines: list[str], tgt_lang: str | None = None, first_line: int = 0) -> Document:
+        """`lines` as sentences to translate (mt/segment.py), each within the model's positions."""
+        room = self.limit - (self.target_id(tgt_lang) is not None)
+        count = lambda texts: [len(ids) for ids in self.vocabs.src.encode_batch(texts)]  # noqa: E731
+        return split_document(lines, self.src_lang, count, room, first_line)
+
+    def texts(
+        self,
+        lines: list[str],
+        decode: DecodeConfig,
+        split: bool = False,
+        first_line: int = 0,
+        tgt_lang: str | None = None,
+        glossary: Glossary | None = None,
+        tally: Tally | None = None,
+    ) -> tuple[list[str], int]:
+        """(1-best translations, output tokens) of `lines`; with `split`, of each line's sentences, joined back
+        into the line's layout (no prefixes or per-line constraints: a glossary applies per sentence)."""
+        doc = self.split(lines, tgt_lang, first_line) if split else None
+        inputs = doc.sentences if doc is not None else lines
+        _, hyps = self.hypotheses(inputs, decode, first_line=first_line, tgt_lang=tgt_lang, glossary=glossary,
+                                  tally=tally)  # fmt: skip
+        texts = self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+        return (doc.join(texts) if doc is not None else texts), sum(len(h[0].tokens) for h in hyps)
+
     def settings(self, **overrides) -> DecodeConfig:
         """The default decoding settings with `overrides` (None = keep the default), validated."""
         return decode_settings(dataclasses.asdict(self.decode), {k: v for k, v in overrides.items() if v is not None})
@@ -162,15 +198,25 @@ class Translator:
         first_line: int = 0,
         where: str = "prefix",
         tgt_lang: str | None = None,
+        constraints: list[list[str]] | None = None,
+        glossary: Glossary | None = None,
+        tally: Tally | None = None,
+        constraints_where: str = "constraints",
     ) -> tuple[list[list[int]], list[list[Hypothesis]]]:
         """(source ids, hypotheses best first) of raw lines, in input order; `first_line`: the number of
         `lines[0]` in its input (0-based), which with `decode.seed` decides its samples; `tgt_lang`: a
-        multilingual model's target language (default: the translator's)."""
-        decode = decode or self.decode
+        multilingual model's target language (default: the translator's); `constraints`: target phrases per line
+        each translation must contain, and those of `glossary` (default: the translator's) found in the line
+        (mt/terminology.py), counted in `tally`."""
+        decode, tally = decode or self.decode, tally or Tally()
         src_ids = self.encode_sources(lines, tgt_lang, first_line)
         prefix_ids = self.encode_prefixes(prefixes, src_ids, decode, where, first_line)
+        rules = line_constraints(self.vocabs.tgt, lines, constraints, glossary or self.glossary, decode,
+                                 constraints_where, first_line, tally)  # fmt: skip
         numbers = list(range(first_line, first_line + len(lines)))
-        return src_ids, decode_ids(self.model, src_ids, decode, self.device, self.amp, prefix_ids, numbers)
+        hyps = decode_ids(self.model, src_ids, decode, self.device, self.amp, prefix_ids, numbers, rules)
+        check(rules, hyps, first_line, tally)
+        return src_ids, hyps
 
     def encode_sources(self, lines: list[str], tgt_lang: str | None = None, first_line: int = 0) -> list[list[int]]:
         """Source ids within the model's positions, a multilingual model's target-language token first (empty
@@ -194,17 +240,33 @@ class Translator:
         seed: int | None = None,
         prefix: list[str] | None = None,
         tgt_lang: str | None = None,
+        constraints: list[list[str]] | None = None,
+        glossary: Glossary | dict[str, str] | None = None,
+        constraint_order: str | None = None,
+        split: bool = False,
     ) -> list[str] | list[list[tuple[str, float]]]:
         """Translations of `lines` (a list of strings), one per line: a string, or with `nbest` > 1 a list of
         (translation, score) best first. Unset arguments keep the loaded settings: `beam_size`, `nbest` (beams
         kept, or samples drawn), `sampling` with `topk` (0 = all tokens), `topp` (1.0 = all), `temperature` and
         `seed`; `prefix`: one target prefix per line ("" = none) each translation starts with; `tgt_lang`: a
-        multilingual model's target language (default: the one given at load)."""
+        multilingual model's target language (default: the one given at load); `constraints`: one list of target
+        phrases per line that its translation must contain (unordered, or in order with
+        `constraint_order="ordered"`); `glossary`: {source term: target term} (or a Glossary), whose terms found
+        in a line become its constraints, on top of the translator's own glossary; `split`: each line is a paragraph
+        or a document's line, translated sentence by sentence and joined back with its own spacing."""
         if isinstance(lines, str) or not all(isinstance(line, str) for line in lines):
             raise ConfigError("translate: give a list of strings (one sentence each), e.g. translate(['A dog.'])")
         decode = self.settings(beam_size=beam_size, nbest=nbest, sampling=sampling, topk=topk, topp=topp,
-                               temperature=temperature, seed=seed)  # fmt: skip
-        _, hyps = self.hypotheses(list(lines), decode, prefix, tgt_lang=tgt_lang)
+                               temperature=temperature, seed=seed, constraint_order=constraint_order)  # fmt: skip
+        if isinstance(glossary, dict):
+            glossary = Glossary.from_pairs([(s, t, "glossary") for s, t in glossary.items()])
+        if glossary is not None and self.glossary is not None:
+            glossary = self.glossary.merged(glossary)
+        if split:
+            refuse_with_split(decode, prefix, constraints)
+            return self.texts(list(lines), decode, True, tgt_lang=tgt_lang, glossary=glossary)[0]
+        _, hyps = self.hypotheses(list(lines), decode, prefix, tgt_lang=tgt_lang, constraints=constraints,
+                                  glossary=glossary)  # fmt: skip
         if decode.nbest == 1:
             return self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
         return [[(self.vocabs.tgt.decode(h.tokens), h.score) for h in hs] for hs in hyps]
@@ -217,20 +279,37 @@ class Translator:
         prefixes=None,
         where: str = "prefix",
         tgt_lang: str | None = None,
+        constraints=None,
+        tally: Tally | None = None,
+        split: bool = False,
     ) -> tuple[int, int]:
         """Translate each chunk of lines as it comes and write its output lines at once (n-best: "i ||| text |||
         score", numbered across chunks), so that a program that writes a line and waits gets its translation;
-        `prefixes.take(n)` gives the next n lines' prefixes (mt.inference's PrefixFile), whose surplus lines are
-        an error at the end of the input. Returns (lines, output tokens)."""
+        `prefixes.take(n)` gives the next n lines' prefixes (mt.inference's AlignedFile), whose surplus lines are
+        an error at the end of the input; `constraints.take(n)` likewise their constraints (tab-separated phrases),
+        counted in `tally`; `split`: lines translated sentence by sentence (`texts`). Returns (lines, output
+        tokens)."""
         decode, done, n_tokens = decode or self.decode, 0, 0
+        if split:
+            refuse_with_split(decode, prefixes, constraints, "split=true")
         for lines in chunks:
+            if split:
+                texts, n = self.texts(lines, decode, True, done, tgt_lang, tally=tally)
+                write_output(out, texts)
+                done, n_tokens = done + len(lines), n_tokens + n
+                continue
             prefix = prefixes.take(len(lines)) if prefixes is not None else None
-            _, hyps = self.hypotheses(lines, decode, prefix, first_line=done, where=where, tgt_lang=tgt_lang)
+            phrases, key = None, "glossary"
+            if constraints is not None:
+                phrases, key = [c.split("\t") for c in constraints.take(len(lines))], f"constraints={constraints.path}"
+            _, hyps = self.hypotheses(lines, decode, prefix, first_line=done, where=where, tgt_lang=tgt_lang,
+                                      constraints=phrases, tally=tally, constraints_where=key)  # fmt: skip
             texts = self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
             write_output(out, output_lines(hyps, texts, self.vocabs, decode.nbest, first=done))
             done, n_tokens = done + len(lines), n_tokens + sum(len(h[0].tokens) for h in hyps)
-        if prefixes is not None:
-            prefixes.finish()
+        for aligned in (prefixes, constraints):
+            if aligned is not None:
+                aligned.finish()
         return done, n_tokens
 
     def translate_file(

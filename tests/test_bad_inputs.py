@@ -190,6 +190,26 @@ def _prefixes(text: str):
     return setup
 
 
+def _constraints(text: str, *args: str):
+    def setup(c, r, t):
+        return [f"checkpoint={r}", f"constraints={write(t / 'cons.txt', text)}", *args], None
+
+    return setup
+
+
+def _glossary(text: str):
+    def setup(c, r, t):
+        return [f"checkpoint={r}", f"glossary={write(t / 'g.tsv', text)}", "decode.beam_size=2"], None
+
+    return setup
+
+
+def _constraints_ct2(c, r, t):
+    p = run(["-m", "mt.export", "ctranslate2", str(r), str(t / "ct2")])
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    return [f"checkpoint={t / 'ct2'}", f"constraints={write(t / 'cons.txt', 'house')}", "decode.beam_size=2"], None
+
+
 HELD: list = []  # sockets kept open while the row runs
 
 
@@ -254,7 +274,7 @@ CK = "checkpoint={run}"  # replaced by the finished run dir
 
 # translate.py answers each line as soon as it is translated (a program that writes a line and waits gets it): a
 # prefix file with more lines than the input is found at the end of the input, after the answers were written.
-ANSWERED_BEFORE_THE_ERROR = {"prefix_line_count"}
+ANSWERED_BEFORE_THE_ERROR = {"prefix_line_count", "constraints_line_count"}
 
 ROWS = [
     # data
@@ -305,6 +325,28 @@ ROWS = [
     ("references_split_unknown", "translate", _args(CK, "references=no_such_split"), "references=no_such_split"),
     ("prefix_line_count", "translate", _prefixes("red house\n\n\n"), "prefixes.txt: line 2 has no input line"),
     ("prefix_too_long", "translate", _prefixes("the " * 40 + "\n"), "prefixes.txt:1: the prefix has 40 tokens"),
+    # terminology: constraints and glossaries
+    ("constraints_missing", "translate", _args(CK, "constraints=/nonexistent/c.txt"), "constraints=/nonexistent/c.txt"),
+    ("constraints_line_count", "translate", _constraints("house\n\n\n", "decode.beam_size=2"), "line 2 has no input"),
+    ("constraints_with_greedy", "translate", _constraints("house\n"), "constraints need decode.beam_size >= 2"),
+    (
+        "constraint_unknown_characters",
+        "translate",
+        _constraints("Ωmega\n", "decode.beam_size=2"),
+        "cons.txt:1: the constraint 'Ωmega'",
+    ),
+    (
+        "constraint_order_unknown",
+        "translate",
+        _args(CK, "decode.constraint_order=sorted"),
+        "decode.constraint_order='sorted'",
+    ),
+    ("constraints_with_ctranslate2", "translate", _constraints_ct2, "CTranslate2 has no constrained beam search"),
+    ("glossary_missing", "translate", _args(CK, "glossary=/nonexistent/g.tsv"), "glossary=/nonexistent/g.tsv: no such"),
+    ("glossary_without_tab", "translate", _glossary("dog Hund\n"), "g.tsv:1: expected 'source term<TAB>target term'"),
+    ("glossary_two_translations", "translate", _glossary("dog\tHund\ndog\tRüde\n"), "g.tsv:2: 'dog' is translated"),
+    ("split_with_nbest", "translate", _args(CK, "split=true", "decode.nbest=2", "decode.beam_size=2"), "split=true: a"),
+    ("split_with_plot", "translate", _args(CK, "split=true", "plot_attention=/tmp/a.png"), "unset split"),
     ("sampling_with_beam", "translate", _args(CK, "decode=sample", "decode.beam_size=4"), "decode.beam_size=1, not 4"),
     ("topp_out_of_range", "translate", _args(CK, "decode=sample", "decode.topp=0"), "decode.topp=0.0 is outside"),
     ("port_out_of_range", "serve", _args(CK, "port=99999"), "port=99999 is outside 0-65535"),

@@ -87,6 +87,24 @@ def test_translate_stdin_lines_and_nbest(smoke_run):
 
 
 @needs_multi30k()
+def test_translate_documents_and_terminology(smoke_run, tmp_path):
+    """split=true: a paragraph per line, sentence by sentence, indentation and blank lines kept; glossary= and
+    constraints= put their terms in the output as words."""
+    base = ["translate.py", f"checkpoint={smoke_run}", "decode.beam_size=4"]
+    alone = run(base, input="A dog runs.\nTwo men talk.\nA girl.\n").stdout.splitlines()
+    out = run([*base, "split=true"], input="  A dog runs. Two men talk.\n\nA girl.\n").stdout
+    assert out.split("\n") == [f"  {alone[0]} {alone[1]}", "", alone[2], ""]
+    (tmp_path / "g.tsv").write_text("girl\tHund\n")
+    (tmp_path / "c.txt").write_text("\nMann\tStrand\n")
+    p = run([*base, f"glossary={tmp_path / 'g.tsv'}"], input="A dog runs.\nA girl.\n")
+    assert p.stdout.splitlines()[0] == alone[0]  # no term in the line: as without the glossary
+    assert "Hund" in re.findall(r"\w+", p.stdout.splitlines()[1]) and "glossary: terms in 1 lines" in p.stderr
+    p = run([*base, f"constraints={tmp_path / 'c.txt'}"], input="A dog runs.\nA girl.\n")
+    words = re.findall(r"\w+", p.stdout.splitlines()[1])
+    assert "Mann" in words and "Strand" in words and "constraints: 2 of 2 met" in p.stderr
+
+
+@needs_multi30k()
 def test_exports_translate_as_the_checkpoint_does(smoke_run, tmp_path):
     """`python -m mt.export` then translate.py with the export: the release (safetensors) gives the checkpoint's
     output, the float32 CTranslate2 export the same greedy output; an int8 export translates every line (this

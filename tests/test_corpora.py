@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from mt import checkpoint
-from mt.config import ConfigError, CorpusConfig, validate
+from mt.config import ConfigError, CorpusConfig
+from mt.config_checks import validate
 from mt.corpus import prepare_data, training_batches
 from tests.conftest import multilingual_config, write_toy_corpus
 from tests.test_training import make_config, make_trainer

@@ -363,3 +363,37 @@ def test_a_chunked_body_over_the_limit_is_413_and_read_no_further(served):
     r = client.post("/translate", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413 and r.json() == {"error": "request body over max_body_bytes=1000000; split the request"}
     assert client.post("/translate", json={"src": ["a dog"]}).status_code == 200
+
+
+def test_constraints_glossary_and_split_over_http(served):
+    """ "constraints" and "glossary" reach the constrained search (the server's glossary under the request's),
+    "split" translates each line sentence by sentence; what they cannot do is a one-line 422."""
+    client, model, vocabs, cfg = served
+    translator = client.app.state.translator
+    plain = client.post("/translate", json={"src": ["the cat sees a dog", "big red house"]}).json()["translations"]
+    word = next(w for w in ("tree", "small", "house", "runs") if w not in " ".join(plain).split())
+    r = client.post("/translate", json={"src": ["the cat sees a dog", "big red house"], "constraints": [[word], []]})
+    assert word in r.json()["translations"][0].split() and r.json()["translations"][1] == plain[1]
+    r = client.post("/translate", json={"src": ["the cat sees a dog", "big red house"], "glossary": {"red": word}})
+    assert word in r.json()["translations"][1].split() and r.json()["translations"][0] == plain[0]
+    from mt.terminology import Glossary
+
+    translator.glossary = Glossary({"cat": word})
+    try:
+        r = client.post("/translate", json={"src": ["the cat sees a dog"]})
+        assert word in r.json()["translations"][0].split()
+    finally:
+        translator.glossary = None
+    r = client.post("/translate", json={"src": ["the cat sees a dog. big red house.", ""], "split": True})
+    alone = client.post("/translate", json={"src": ["the cat sees a dog.", "big red house."]}).json()["translations"]
+    assert r.json()["translations"] == [" ".join(alone), ""]
+    for body, message in (
+        ({"constraints": [["a"]], "beam_size": 1}, "constraints need decode.beam_size >= 2"),
+        ({"constraints": [["a"]], "sampling": True}, "not sampling"),
+        ({"constraints": [["a"], ["b"]]}, "2 lines of constraints for 1 input lines"),
+        ({"constraint_order": "sorted"}, "constraint_order='sorted' is not one of"),
+        ({"split": True, "nbest": 2}, "split: a line split into sentences has no n-best lists"),
+        ({"glossary": {"cat": "Ωmega"}}, "the constraint 'Ωmega' has characters"),
+    ):
+        r = client.post("/translate", json={"src": ["the cat sees a dog"], **body})
+        assert r.status_code == 422 and message in r.json()["error"], r.json()

@@ -264,7 +264,7 @@ def test_a_streamed_prefix_run_answers_each_line_before_the_next_arrives(toy_run
     import io
 
     from mt import Translator
-    from mt.inference import PrefixFile
+    from mt.inference import AlignedFile
 
     t = Translator.load(toy_run, device="cpu")
     (tmp_path / "prefix.txt").write_text("red house\n\nthe\n")
@@ -280,6 +280,6 @@ def test_a_streamed_prefix_run_answers_each_line_before_the_next_arrives(toy_run
         yield ["a small tree"]
 
     with caplog.at_level("WARNING"):
-        t.translate_stream(chunks(), out, prefixes=PrefixFile(str(tmp_path / "prefix.txt")))
+        t.translate_stream(chunks(), out, prefixes=AlignedFile(str(tmp_path / "prefix.txt")))
     assert answered == [1, 2] and out.getvalue().splitlines()[0].startswith("red house")
     assert f"line 2: {t.limit + 5} tokens, truncated" in caplog.text

@@ -1,0 +1,87 @@
+"""Sentence splitting for paragraphs and documents (mt/segment.py) and the Translator's `split`."""
+
+import logging
+
+import pytest
+
+from mt.config import ConfigError
+from mt.segment import cut_long, split_document, split_line
+
+
+def count(texts: list[str]) -> list[int]:
+    return [len(t.split()) for t in texts]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "A dog runs. Two men talk.",
+        "    Indented: Dr. Smith arrived at 3.30 p.m. on Monday.  He was late!   Was he?",
+        "One sentence without an end",
+        "",
+        "   ",
+        "Wait... Is that really true? „Ja“, sagte er.",
+    ],
+)
+def test_a_line_comes_back_whole_from_its_sentences_and_separators(line):
+    split = split_line(line, "en")
+    assert split.join(split.sentences) == line
+    assert all(s == s.strip() and s for s in split.sentences)
+
+
+def test_sentences_and_their_separators():
+    split = split_line("  Dr. Smith came at 3.30 p.m. on Monday.  He was late.", "en")
+    assert split.lead == "  " and split.sentences == ["Dr. Smith came at 3.30 p.m. on Monday.", "He was late."]
+    assert split.seps == ["  ", ""]
+    assert split_line("Am 1. Mai ist ein Feiertag. Die Geschäfte sind zu.", "de").sentences == [
+        "Am 1. Mai ist ein Feiertag.",
+        "Die Geschäfte sind zu.",
+    ]
+
+
+def test_text_a_splitter_leaves_out_or_rewrites_is_still_translated():
+    dropping = lambda text, lang: ["one.", "three."]  # noqa: E731 (it skipped "two")
+    split = split_line("one. two three.", "en", dropping)
+    assert split.sentences == ["one.", "two three."] and split.join(split.sentences) == "one. two three."
+    rewriting = lambda text, lang: ["one.", "two  three"]  # noqa: E731 (whitespace changed: not found)
+    split = split_line("one. two three", "en", rewriting)
+    assert split.sentences == ["one.", "two three"]
+
+
+def test_a_long_sentence_is_cut_at_clause_boundaries_then_between_words():
+    s = "first part here, second part is here; and a third part follows here"
+    pieces = cut_long(s, lambda t: len(t.split()), 6)
+    assert all(len(p.split()) <= 6 for p in pieces) and " ".join(pieces) == s
+    assert pieces[0] == "first part here,"  # the clause boundary, not the 6th word
+    no_clause = "w " * 20
+    pieces = cut_long(no_clause.strip(), lambda t: len(t.split()), 7)
+    assert [len(p.split()) for p in pieces] == [7, 7, 6]
+    assert cut_long("x" * 30, len, 8) == ["x" * 8] * 3 + ["x" * 6]
+
+
+def test_a_document_keeps_its_lines_and_warns_of_a_cut_sentence(caplog):
+    lines = ["A dog runs. Two men talk here.", "", "  Six dogs run on the long beach in the sun, and two men talk.", "Hi."]
+    with caplog.at_level(logging.WARNING, logger="mt.segment"):
+        doc = split_document(lines, "en", count, limit=10, first_line=10)
+    assert "line 13: a sentence of 14 tokens" in caplog.text
+    assert doc.sentences[:2] == ["A dog runs.", "Two men talk here."] and doc.parts[1] == [] and doc.parts[2] == [2]
+    assert doc.sentences[2:4] == ["Six dogs run on the long beach in the sun,", "and two men talk."]
+    upper = [line.upper() for line in lines]
+    assert doc.join([s.upper() for s in doc.sentences]) == upper
+
+
+def test_the_translator_splits_paragraphs_and_batches_their_sentences(toy_run, monkeypatch):
+    from mt.translator import Translator
+
+    t = Translator.load(toy_run, beam_size=2)
+    sentences = ["the cat sees a dog.", "a red house.", "the big tree."]
+    alone = t.translate(sentences)
+    batches = []
+    real = t.hypotheses
+    monkeypatch.setattr(t, "hypotheses", lambda lines, *a, **k: batches.append(list(lines)) or real(lines, *a, **k))
+    out = t.translate([" ".join(sentences[:2]), "", "    " + sentences[2]], split=True)
+    assert batches == [sentences]  # one call for all lines' sentences
+    assert out == [f"{alone[0]} {alone[1]}", "", f"    {alone[2]}"]
+    for bad in ({"nbest": 2}, {"prefix": ["a", "", "b"]}, {"constraints": [["a"], [], []]}):
+        with pytest.raises(ConfigError, match="a line split into sentences has no"):
+            t.translate(["a b. c d.", "", "e"], split=True, **bad)
