@@ -94,9 +94,10 @@ class Tally:
     met: int = 0
     glossary_lines: int = 0  # lines where a glossary term occurs
     glossary_terms: int = 0
+    glossary: bool = False  # a glossary was applied
 
     def log(self) -> None:
-        if self.glossary_lines or self.lines:
+        if self.glossary:
             log.info("glossary: terms in %d lines (%d terms)", self.glossary_lines, self.glossary_terms)
         if self.lines:
             log.info("constraints: %d of %d met (%.1f%%) in %d lines", self.met, self.phrases,
@@ -138,6 +139,8 @@ def line_constraints(
     if phrases is not None and len(phrases) != len(lines):
         raise ConfigError(f"{where}: {len(phrases)} lines of constraints for {len(lines)} input lines; one per line")
     per_line = []
+    if tally is not None and glossary is not None:
+        tally.glossary = True
     for i, line in enumerate(lines):
         own = [p.strip() for p in (phrases[i] if phrases is not None else []) if p.strip()]
         terms = glossary.find(line) if glossary is not None and line else []

@@ -60,7 +60,12 @@ def test_a_long_sentence_is_cut_at_clause_boundaries_then_between_words():
 
 
 def test_a_document_keeps_its_lines_and_warns_of_a_cut_sentence(caplog):
-    lines = ["A dog runs. Two men talk here.", "", "  Six dogs run on the long beach in the sun, and two men talk.", "Hi."]
+    lines = [
+        "A dog runs. Two men talk here.",
+        "",
+        "  Six dogs run on the long beach in the sun, and two men talk.",
+        "Hi.",
+    ]
     with caplog.at_level(logging.WARNING, logger="mt.segment"):
         doc = split_document(lines, "en", count, limit=10, first_line=10)
     assert "line 13: a sentence of 14 tokens" in caplog.text
