@@ -8,7 +8,7 @@ import random
 import pytest
 
 from mt.compare import compare, load_systems, main
-from tests.conftest import MULTI30K, needs_multi30k, read_gz
+from tests.conftest import MULTI30K, read_gz
 
 
 def _noisy(line: str, rng: random.Random) -> str:
@@ -23,7 +23,8 @@ def _noisy(line: str, rng: random.Random) -> str:
 
 @pytest.fixture(scope="module")
 def systems():
-    needs_multi30k()
+    if not (MULTI30K / "test_2016_flickr.de.gz").is_file():  # (a marker does nothing inside a fixture)
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
     refs = read_gz(MULTI30K / "test_2016_flickr.de.gz")
     rng = random.Random(0)
     base = [_noisy(r, rng) for r in refs]
