@@ -23,6 +23,8 @@ OUT=${OUT:-/work/runs/finetune}
 MINUTES=${MINUTES:-10}
 PARENT_MINUTES=${PARENT_MINUTES:-56}
 MIX_WEIGHT=${MIX_WEIGHT:-0.3}  # of 0.1 and 0.3 tried on EMEA val (docs/experiments.md)
+MIX_LR=${MIX_LR:-4e-3}         # (b)'s learning rate
+RUNS=${RUNS:-a b c d}          # which of the runs below to train now (a later call adds the rest)
 DOMAINS=${DOMAINS:-opus_emea_de_en opus_jrc_acquis_de_en opus_kde4_de_en opus_ted2020_de_en iwslt_ted_de_en}
 LONG_DOMAINS=${LONG_DOMAINS:-opus_emea_de_en iwslt_ted_de_en}
 SRC=${SRC:-en} TGT=${TGT:-de}
@@ -46,29 +48,36 @@ for d in $DOMAINS; do
     [ -f "$dir/test.$SRC.gz" ] || { echo "error: $dir/test.$SRC.gz: no such file" >&2; exit 2; }
     # shellcheck disable=SC2046
     set -- $(common "$d")
-    score "$PARENT" "$dir/test.$SRC.gz" "$dir/test.$TGT.gz" "$OUT/$d.parent"
-    [ -f "$OUT/$d.a/test.hyp" ] || python train.py +experiment=finetune "$@" train.init_from="$PARENT" \
+    [ -f "$OUT/$d.parent/hyp" ] || score "$PARENT" "$dir/test.$SRC.gz" "$dir/test.$TGT.gz" "$OUT/$d.parent"
+    want() { [[ " $RUNS " == *" $1 "* ]] && [ ! -f "$OUT/$d.$1/test.hyp" ]; }
+    ! want a || python train.py +experiment=finetune "$@" train.init_from="$PARENT" \
         train.max_time="$MINUTES" train.progress=false run_dir="$OUT/$d.a"
-    [ -f "$OUT/$d.b/test.hyp" ] || python train.py +experiment=finetune "$@" train.init_from="$PARENT" \
+    ! want b || python train.py +experiment=finetune "$@" train.init_from="$PARENT" train.lr="$MIX_LR" \
         "data.corpora=[{dir: '$dir'}, {dir: '$M30K', weight: $MIX_WEIGHT}]" \
         train.max_time="$MINUTES" train.progress=false run_dir="$OUT/$d.b"
-    [ -f "$OUT/$d.c/test.hyp" ] || python train.py +experiment=multi30k_en_de "$@" train.max_time="$MINUTES" \
+    ! want c || python train.py +experiment=multi30k_en_de "$@" train.max_time="$MINUTES" \
         train.progress=false run_dir="$OUT/$d.c"
-    runs="a c"
-    if [[ " $LONG_DOMAINS " == *" $d "* ]]; then
-        [ -f "$OUT/$d.d/test.hyp" ] || python train.py +experiment=multi30k_en_de "$@" \
-            train.max_time=$((PARENT_MINUTES + MINUTES)) train.progress=false run_dir="$OUT/$d.d"
-        runs="a c d"
+    if [[ " $LONG_DOMAINS " == *" $d "* ]] && want d; then
+        python train.py +experiment=multi30k_en_de "$@" train.max_time=$((PARENT_MINUTES + MINUTES)) \
+            train.progress=false run_dir="$OUT/$d.d"
     fi
-    for r in c ${runs#a c}; do  # the from-scratch runs on Multi30k (a and b report it themselves)
-        score "$OUT/$d.$r" "$M30K/test_2016_flickr.$SRC.gz" "$M30K/test_2016_flickr.$TGT.gz" "$OUT/$d.$r.m30k"
+    # Reports over the runs that exist so far (a later call with other RUNS completes them)
+    runs=() hyps=("$OUT/$d.parent/hyp") mruns=(parent) mhyps=("$PARENT/test_2016_flickr.hyp")
+    for r in a b c d; do
+        [ -f "$OUT/$d.$r/test.hyp" ] || continue
+        runs+=("$r") hyps+=("$OUT/$d.$r/test.hyp")
+        if [ "$r" = a ] || [ "$r" = b ]; then  # fine-tuned runs report Multi30k themselves (parent.*)
+            m="$OUT/$d.$r/parent.test_2016_flickr.hyp"
+        else
+            m="$OUT/$d.$r.m30k/hyp"
+            [ -f "$m" ] || score "$OUT/$d.$r" "$M30K/test_2016_flickr.$SRC.gz" "$M30K/test_2016_flickr.$TGT.gz" \
+                "$OUT/$d.$r.m30k"
+        fi
+        mruns+=("$r") mhyps+=("$m")
     done
-    names=$(echo "parent $runs" | tr ' ' ',')
-    hyps=("$OUT/$d.parent/hyp")
-    for r in $runs; do hyps+=("$OUT/$d.$r/test.hyp"); done
-    python -m mt.compare "${hyps[@]}" --refs "$dir/test.$TGT.gz" --names "$names" --json "$OUT/$d.compare.json" \
-        | tee "$OUT/$d.compare.md"
-    python -m mt.compare "$PARENT/test_2016_flickr.hyp" "$OUT/$d.a/parent.test_2016_flickr.hyp" \
-        "$OUT/$d.b/parent.test_2016_flickr.hyp" --refs "$M30K/test_2016_flickr.$TGT.gz" --names parent,a,b \
+    [ ${#runs[@]} -gt 0 ] || continue
+    python -m mt.compare "${hyps[@]}" --refs "$dir/test.$TGT.gz" --names "$(IFS=,; echo "parent,${runs[*]}")" \
+        --json "$OUT/$d.compare.json" | tee "$OUT/$d.compare.md"
+    python -m mt.compare "${mhyps[@]}" --refs "$M30K/test_2016_flickr.$TGT.gz" --names "$(IFS=,; echo "${mruns[*]}")" \
         --json "$OUT/$d.forgetting.json" | tee "$OUT/$d.forgetting.md"
 done
