@@ -22,7 +22,7 @@ from mt.batching import BatchLoader, TokenBucketSampler
 from mt.bpe_dropout import BPEDropoutSegments
 from mt.config import Config, ConfigError, CorpusConfig, DataConfig, TokenizerConfig, parse_direction
 from mt.data import TextPairs
-from mt.holdout import held_out_pairs, hold_out
+from mt.holdout import Without, held_out_pairs, hold_out
 from mt.tokenizer import (
     TokenizerError,
     Vocab,
@@ -128,10 +128,13 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int, vocabs: Vocabs 
     texts = [data.TextPairs.of_split(p, p.train_split) for p, _, _ in parts]
     tags = tuple(sorted({tag for _, tag, _ in parts if tag}))
     resuming = checkpoint.resume_path(cfg.train.resume, run_dir) is not None
+    held = hold_out(texts[0], dc.valid_from_train, cfg.train.seed) if dc.valid_from_train else None
     every = texts[0] if len(texts) == 1 else data.ChainedPairs(texts)
+    learn = [Without(texts[0], held), *texts[1:]] if held is not None else texts  # what the BPE may see
+    learn_from = learn[0] if len(learn) == 1 else data.ChainedPairs(learn)
     languages = [(t, p.src_lang, p.tgt_lang) for t, (p, _, _) in zip(texts, parts)] if dc.directions else None
     if vocabs is None:
-        vocabs = build_vocabs(cfg.tokenizer, every, run_dir, resuming, data.cache_root(dc), tags, languages)
+        vocabs = build_vocabs(cfg.tokenizer, learn_from, run_dir, resuming, data.cache_root(dc), tags, languages)
         source = f"tokenizer.path={cfg.tokenizer.path}"
     else:
         vocabs.save(run_dir)
@@ -147,8 +150,8 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int, vocabs: Vocabs 
         src_len, tgt_len = data.length_columns(tokens)
         src_len = src_len + 1 if tag else src_len  # the tag is a source token too
         rows = data.length_filter(src_len, tgt_len, max_len, dc.max_ratio, text.where)
-        if dc.valid_from_train and not kept:  # the main corpus: the first
-            rows, held = hold_out(rows, dc.valid_from_train, cfg.train.seed, text.where)
+        if held is not None and not kept:  # the main corpus: the first
+            rows = np.setdiff1d(rows, held, assume_unique=True)
         tables.append(data.select_rows(tokens, rows))
         lengths.append((src_len[rows], tgt_len[rows]))
         kept.append(rows)
@@ -158,7 +161,7 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int, vocabs: Vocabs 
         valid = datasets.concatenate_datasets([d.valid for d in directions])
     else:
         directions = None
-        if dc.valid_from_train:
+        if held is not None:
             valid = held_out_pairs(texts[0], held, run_dir)
         else:
             valid = data.drop_empty(data.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")

@@ -156,3 +156,36 @@ def test_a_validation_set_held_out_of_training_and_the_parents_test_reported(toy
     trainer.fit(job_start=0)
     names = [r["name"] for r in finish(trainer)["reports"]]
     assert names == ["test", "parent.test"] and (run / "parent.test.report.json").is_file()
+
+
+def test_the_held_out_pairs_are_the_same_with_any_tokenizer_and_unseen_by_the_bpe(toy_run, domain, tmp_path,
+                                                                                  monkeypatch):  # fmt: skip
+    """A from-scratch run's BPE learns from the training pairs without the held-out ones, and it holds out the
+    same pairs as a fine-tuning run with the same seed (before: the pairs were drawn after tokenizing, so the BPE
+    had learnt from the validation text, and the draw depended on the tokenizer's length filtering)."""
+    import mt.corpus
+
+    (domain / "valid.xx").unlink()
+    (domain / "valid.yy").unlink()
+    learnt = []
+
+    def build_vocabs(cfg, pairs, *args, **kwargs):
+        learnt.extend(src for src, _ in pairs)
+        return real(cfg, pairs, *args, **kwargs)
+
+    real = mt.corpus.build_vocabs
+    monkeypatch.setattr(mt.corpus, "build_vocabs", build_vocabs)
+    scratch_run, ft_run = tmp_path / "scratch", tmp_path / "ft"
+    scratch_run.mkdir()
+    ft_run.mkdir()
+    scratch = make_config(domain, scratch_run, max_updates=10)
+    scratch = replace(scratch, data=replace(scratch.data, valid_from_train=30))
+    corpus = prepare_data(scratch, scratch_run, scratch.model.max_positions)
+    held = set(json.loads((scratch_run / "valid_from_train.json").read_text())["rows"])
+    lines = (domain / "train.xx").read_text().splitlines()
+    assert len(corpus.valid) == 30 and learnt == [s for i, s in enumerate(lines) if i not in held]
+    cfg = make_config(domain, ft_run, init_from=str(toy_run), max_updates=10)
+    cfg = replace(cfg, data=replace(cfg.data, valid_from_train=30))
+    parent = finetune.load_parent(cfg, ft_run)
+    tuned = prepare_data(finetune.adopt(cfg, parent, []), ft_run, cfg.model.max_positions, parent.vocabs)
+    assert tuned.valid["src"] == corpus.valid["src"]
