@@ -1,8 +1,9 @@
 """Serve translations over HTTP: `python serve.py checkpoint=RUN_DIR [port=8080 host=127.0.0.1 key=value ...]`.
 
 The checkpoint may be a run dir, a .pt, a release (`python -m mt.export release`) or a CTranslate2 export
-(`python -m mt.export ctranslate2`). API and batching: mt/server.py. Needs the `serve` extra
-(pip install -e ".[serve]": FastAPI and uvicorn).
+(`python -m mt.export ctranslate2`); several models: `checkpoint={de: RUN_A, fr: RUN_B}`. Keys and limits:
+`api_keys=keys.txt requests_per_minute=60 tokens_per_minute=20000`. API, batching, keys, metrics: mt/serve/.
+Needs the `serve` extra (pip install -e ".[serve]": FastAPI, uvicorn, limits, prometheus-client).
 """
 
 import sys
@@ -18,14 +19,9 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mt import checkpoint
 from mt.config import ConfigError, ServeConfig, register_configs, to_dataclass
 from mt.errors import USER_ERRORS
-from mt.finetune import read_parent
-from mt.inference import glossary_of, run_decode_settings
-from mt.model_card import run_files
-from mt.runtime import pick_device, prefer_expandable_segments
-from mt.translator import Translator
+from mt.runtime import prefer_expandable_segments
 
 log = logging.getLogger("serve")
 register_configs()
@@ -39,29 +35,35 @@ def main(dcfg: DictConfig) -> None:
         try:
             import uvicorn
 
-            from mt.server import create_app, listening_socket, test_scores
+            from mt.serve import Server, create_app, listening_socket, load
+            from mt.serve.access import ApiKeys
         except ImportError:
-            raise ConfigError("serving needs FastAPI and uvicorn: pip install -e '.[serve]'") from None
+            raise ConfigError("serving needs FastAPI, uvicorn, limits and prometheus-client: "
+                              "pip install -e '.[serve]'") from None  # fmt: skip
         cfg: ServeConfig = to_dataclass(dcfg)
-        ckpt = checkpoint.load(cfg.checkpoint)
-        cfg.decode = run_decode_settings(cfg.decode, ckpt, list(HydraConfig.get().overrides.task))
-        translator = Translator.open([ckpt], cfg.decode, pick_device(cfg.device), cfg.precision, tgt_lang=cfg.tgt_lang)
-        translator.glossary = glossary_of(cfg)
-        data = (ckpt.get("config") or {}).get("data", {})
-        info = {"model": ckpt["path"], "engine": type(translator.model).__name__, "src_lang": data.get("src_lang"),
-                "tgt_lang": data.get("tgt_lang"), "target_languages": sorted(translator.targets),
-                "default_tgt_lang": cfg.tgt_lang, "glossary_terms": len(translator.glossary or ()),
-                "test_scores": test_scores(ckpt), "parent": read_parent(run_files(ckpt)),
-                "model_config": ckpt["model_args"]}  # fmt: skip
-        app = create_app(translator, cfg, info)
+        keys = ApiKeys(cfg.api_keys) if cfg.api_keys else None
+        models = load(cfg, list(HydraConfig.get().overrides.task))
+        app = create_app(models, cfg, keys=keys)
         sock = listening_socket(cfg.host, cfg.port)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     port = sock.getsockname()[1]
-    log.info("serving %s on http://%s:%d (the page at /, POST /translate, GET /health, GET /info)", ckpt["path"],
-             cfg.host, port)  # fmt: skip
-    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    served = ", ".join(f"{m.name}={m.info['model']}" for m in models) if len(models) > 1 else models[0].info["model"]
+    who = f"API keys from {cfg.api_keys}" if keys else "unauthenticated: anyone who can reach it may use it"
+    log.info("serving %s on http://%s:%d (%s; the page at /, POST /translate, GET /health, /info, /metrics)", served,
+             cfg.host, port, who)  # fmt: skip
+    if keys is None and not local(cfg.host):
+        log.warning("host=%s without api_keys: every machine that reaches port %d may use this server; give "
+                    "api_keys=FILE (one name:key per line)", cfg.host, port)  # fmt: skip
+    config = uvicorn.Config(app, log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=int(cfg.request_timeout_s) + 1)  # fmt: skip
+    Server(config).run(sockets=[sock])
+
+
+def local(host: str) -> bool:
+    """Whether `host` is this machine's loopback only."""
+    return host in ("localhost", "::1") or host.startswith("127.")
 
 
 if __name__ == "__main__":

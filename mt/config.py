@@ -246,7 +246,8 @@ class TranslateConfig:
 
 @dataclass
 class ServeConfig:
-    checkpoint: str = MISSING  # a run dir, .pt, release dir or CTranslate2 export
+    # a run dir, .pt, release dir or CTranslate2 export; several models: [RUN_A, RUN_B] or {de: RUN_A, fr: RUN_B}
+    checkpoint: Any = MISSING
     host: str = "127.0.0.1"
     port: int = 8080
     tgt_lang: str | None = None  # a multilingual model's default target language (a request's "tgt_lang" wins)
@@ -267,6 +268,12 @@ class ServeConfig:
     max_output_tokens: int = 256  # a served translation's length cap (decode.max_len), whatever the source
     max_queue_tokens: int = 32000  # source tokens all waiting requests may hold; beyond: 503 with Retry-After
     request_timeout_s: float = 60.0  # a request not answered by then gets a 503 (and is not decoded later)
+    # Who may call (mt/serve/access.py): a file of keys (name:key per line), re-read on change or SIGHUP; per key
+    # (or client address without keys) requests and source tokens per minute, 0 = no limit; beyond: 429.
+    api_keys: str | None = None
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    access_log: bool = True  # one line per request on stderr (key name, status, sentences, tokens, latency)
 
 
 def register_configs() -> None:
@@ -297,6 +304,9 @@ def to_dataclass(cfg: DictConfig) -> Any:
                     "max_output_tokens", "max_queue_tokens", "request_timeout_s"):  # fmt: skip
             if getattr(obj, key) < 1:
                 raise ConfigError(f"{key}={getattr(obj, key)} is below its minimum 1; fix the override")
+        for key in ("requests_per_minute", "tokens_per_minute"):
+            if getattr(obj, key) < 0:
+                raise ConfigError(f"{key}={getattr(obj, key)}: give a number per minute, 0 = no limit")
         if not 0 <= obj.port <= 65535:
             raise ConfigError(f"port={obj.port} is outside 0-65535; give a free TCP port (0 = any)")
     return obj

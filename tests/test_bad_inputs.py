@@ -223,6 +223,20 @@ def _taken_port(c, r, t):
     return [f"checkpoint={r}", f"port={s.getsockname()[1]}"], None
 
 
+def _keys(text: str):
+    def setup(c, r, t):
+        return [f"checkpoint={r}", f"api_keys={write(t / 'keys.txt', text)}"], None
+
+    return setup
+
+
+def _two_models(second: str, *extra):
+    def setup(c, r, t):
+        return [f"checkpoint={{de: {r}, fr: {r / second}}}", *extra], None
+
+    return setup
+
+
 def _references(c, r, t):
     write(t / "refs.yy", "one\ntwo\nthree\n")
     return [f"checkpoint={r}", f"references={t / 'refs.yy'}"], "a dog\nthe cat\n"
@@ -352,6 +366,21 @@ ROWS = [
     ("port_out_of_range", "serve", _args(CK, "port=99999"), "port=99999 is outside 0-65535"),
     ("port_taken", "serve", _taken_port, "already in use on 127.0.0.1"),
     ("host_unknown", "serve", _args(CK, "host=no-such-host.invalid"), "host=no-such-host.invalid: unknown host"),
+    (
+        "api_keys_missing",
+        "serve",
+        _args(CK, "api_keys=/nonexistent/keys.txt"),
+        "api_keys=/nonexistent/keys.txt: no such",
+    ),
+    ("api_keys_spaces", "serve", _keys("# team\nalice: two words\n"), "keys.txt line 2: a key is one word"),
+    ("api_keys_twice", "serve", _keys("a:k1k1k1k1\nb:k1k1k1k1\n"), "keys.txt line 2: this key is given twice"),
+    ("api_keys_empty", "serve", _keys("# nobody yet\n"), "keys.txt: no keys in it"),
+    ("requests_per_minute_negative", "serve", _args(CK, "requests_per_minute=-1"), "requests_per_minute=-1: give"),
+    ("tokens_per_minute_negative", "serve", _args(CK, "tokens_per_minute=-5"), "tokens_per_minute=-5: give"),
+    ("model_name_bad", "serve", _args("checkpoint={de/x: /tmp}"), "checkpoint.de/x: a model name is letters"),
+    ("model_missing", "serve", _two_models("nope.pt"), "nope.pt"),
+    ("glossary_two_models", "serve", _two_models("checkpoint_last.pt", "glossary=/tmp/g.tsv"), "with several models"),
+    ("models_same_dir_name", "serve", _args("checkpoint=[/tmp/a/run,/tmp/b/run]"), "the same directory name"),
     # exports, multilingual runs
     (
         "export_into_its_run_dir",

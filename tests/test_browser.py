@@ -67,10 +67,9 @@ def browser():
     driver.quit()
 
 
-def api(url: str, body: dict) -> dict:
-    request = urllib.request.Request(
-        url + "/translate", json.dumps(body).encode(), {"content-type": "application/json"}
-    )
+def api(url: str, body: dict, key: str | None = None) -> dict:
+    headers = {"content-type": "application/json", **({"x-api-key": key} if key else {})}
+    request = urllib.request.Request(url + "/translate", json.dumps(body).encode(), headers)
     return json.loads(urllib.request.urlopen(request, timeout=60).read())
 
 
@@ -147,3 +146,30 @@ def test_a_multilingual_model_gets_a_language_choice_and_samples_differ(multilin
         browser.find_element(By.ID, "sampling").click()
         first, second = browser.execute_script("return [request(), request()]")
         assert first["tgt_lang"] == "zz" and first["sampling"] and first["seed"] != second["seed"]
+
+
+def test_with_keys_the_page_asks_for_one_and_picks_among_several_models(toy_run, browser, tmp_path):
+    """A server with api_keys and two models: the page says it needs a key and shows the key field; once a key is
+    typed it reads /info, offers the models, and translates with the key and the chosen model."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("tester:page-key-0123456789\n")
+    for url in serving(f"{{first: {toy_run}, second: {toy_run}}}", f"api_keys={keys}"):
+        browser.get(url)
+        wait = WebDriverWait(browser, 60)
+        wait.until(lambda d: "needs an API key" in d.find_element(By.ID, "model").text)
+        field = browser.find_element(By.ID, "key")
+        assert field.is_displayed() and "no API key" in browser.find_element(By.ID, "error").text
+        field.send_keys("page-key-0123456789", Keys.ENTER)
+        wait.until(lambda d: "xx" in d.find_element(By.ID, "model").text)
+        picker = Select(browser.find_element(By.ID, "pick"))
+        assert [o.get_attribute("value") for o in picker.options] == ["first", "second"]
+        picker.select_by_value("second")
+        browser.find_element(By.ID, "src").send_keys("the cat sees a dog")
+        browser.find_element(By.ID, "go").click()
+        shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li")] or None)
+        expected = api(url, {"src": ["the cat sees a dog"], "model": "second"}, "page-key-0123456789")
+        assert shown == expected["translations"] and browser.execute_script("return request()")["model"] == "second"

@@ -13,7 +13,7 @@ from tests.conftest import train_tiny
 fastapi = pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from mt.server import create_app  # noqa: E402
+from mt.serve import create_app  # noqa: E402
 from mt.translator import Translator  # noqa: E402
 
 
@@ -173,7 +173,7 @@ def test_the_page_is_self_contained(served):
 
 def _client_with(toy_vocab, monkeypatch=None, decode=None, **serve):
     """A TestClient over a toy model; `decode(original) -> function` wraps the decoding the server calls."""
-    import mt.server as server
+    import mt.serve.app as server
 
     pairs, vocabs = toy_vocab
     model = train_tiny(vocabs, pairs)
@@ -209,11 +209,11 @@ def _post(client, body, timeout=20):
 def test_the_worker_survives_pythons_3_10_timeout_class(toy_vocab, monkeypatch):
     """On Python 3.10 asyncio.wait_for raises asyncio.TimeoutError, which is not the builtin TimeoutError until 3.11;
     the worker caught only the builtin, so the first request under batch_tokens killed it and every later request
-    waited forever. Reproduced here by giving mt.server an asyncio whose wait_for raises 3.10's class."""
+    waited forever. Reproduced here by giving the batcher an asyncio whose wait_for raises 3.10's class."""
     import asyncio
     import types
 
-    import mt.server as server
+    import mt.serve.batching as server
 
     class Py310TimeoutError(Exception):  # 3.10: asyncio.exceptions.TimeoutError(Exception), not OSError's subclass
         pass
@@ -300,7 +300,8 @@ def test_a_disconnected_clients_request_is_not_decoded(toy_vocab, monkeypatch):
 
     import uvicorn
 
-    import mt.server as server
+    import mt.serve.app as server
+    from mt.serve import listening_socket
 
     decoded, release = [], threading.Event()
 
@@ -318,7 +319,7 @@ def test_a_disconnected_clients_request_is_not_decoded(toy_vocab, monkeypatch):
     translator = Translator(model, vocabs, cfg.decode, torch.device("cpu"), None, {})
     monkeypatch.setattr(server, "decode_ids", recording(server.decode_ids))
     app = create_app(translator, cfg, {})
-    sock = server.listening_socket("127.0.0.1", 0)
+    sock = listening_socket("127.0.0.1", 0)
     port = sock.getsockname()[1]
     uv = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
     thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
