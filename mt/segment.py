@@ -14,6 +14,8 @@ of only its first part.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 import re
 from collections.abc import Callable
@@ -113,6 +115,11 @@ class Document:
     lines: list[Line]
     sentences: list[str]
     parts: list[list[int]]  # per line, per sentence: how many consecutive translated pieces make it
+
+    def line_of(self, piece: int) -> int:
+        """The index of the line that `sentences[piece]` comes from."""
+        ends = list(itertools.accumulate(sum(parts) for parts in self.parts))
+        return bisect.bisect_right(ends, piece)
 
     def join(self, translations: list[str]) -> list[str]:
         out, at = [], 0

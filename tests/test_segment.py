@@ -73,6 +73,7 @@ def test_a_document_keeps_its_lines_and_warns_of_a_cut_sentence(caplog):
     assert doc.sentences[2:4] == ["Six dogs run on the long beach in the sun,", "and two men talk."]
     upper = [line.upper() for line in lines]
     assert doc.join([s.upper() for s in doc.sentences]) == upper
+    assert [doc.line_of(k) for k in range(len(doc.sentences))] == [0, 0, 2, 2, 3]  # (the server's warnings)
 
 
 def test_the_translator_splits_paragraphs_and_batches_their_sentences(toy_run, monkeypatch):

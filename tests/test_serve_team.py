@@ -201,9 +201,7 @@ def _serve(run, *args):
         found = re.search(r"on http://[^:]+:(\d+)", line)
         if found:
             url = f"http://127.0.0.1:{found.group(1)}"
-            urllib.request.urlopen(
-                url + "/health", timeout=30
-            )  # uvicorn handles signals once it answers
+            urllib.request.urlopen(url + "/health", timeout=30)  # uvicorn handles signals once it answers
             return p, url, line
     pytest.fail(f"serve.py exited with {p.wait()} before serving")
 

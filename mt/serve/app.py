@@ -135,7 +135,8 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
         metrics.served(served.name, len(src_ids), tokens, sum(len(h[0].tokens) + 1 for h in hyps))
         for i, (rule, hs) in enumerate(zip(rules or [], hyps)):
             if rule and rule.count_met(hs[0].tokens) < len(rule.phrases):
-                warnings.append(f"src[{i}]: {len(rule.phrases) - rule.count_met(hs[0].tokens)} of "
+                where = f"src[{doc.line_of(i)}] (a sentence of it)" if doc is not None else f"src[{i}]"
+                warnings.append(f"{where}: {len(rule.phrases) - rule.count_met(hs[0].tokens)} of "
                                 f"{len(rule.phrases)} constraints not met within the length limit; translated "
                                 "without them")  # fmt: skip
         tgt = translator.vocabs.tgt
