@@ -191,6 +191,16 @@ def test_several_models_each_picked_by_name_or_target_language(toy, toy_vocab):
         assert client.app.state.models[1].batcher is not client.app.state.models[0].batcher  # a worker each
 
 
+def test_a_checkpoint_named_twice_is_loaded_once(toy_run):
+    """checkpoint={a: RUN, b: RUN}: two names, one model in memory (each name still has its own worker)."""
+    from mt.serve import load
+
+    models = load(ServeConfig(checkpoint={"a": str(toy_run), "b": str(toy_run)}, device="cpu"), [])
+    assert [m.name for m in models] == ["a", "b"] and models[0].translator is models[1].translator
+    listed = load(ServeConfig(checkpoint=[str(toy_run)], device="cpu"), [])
+    assert [m.name for m in listed] == [toy_run.name]
+
+
 def _serve(run, *args):
     """serve.py on a free port: (process, URL); its stderr is read by the caller."""
     p = subprocess.Popen([sys.executable, "serve.py", f"checkpoint={run}", "device=cpu", "port=0", *args], cwd=ROOT,
