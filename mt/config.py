@@ -138,6 +138,8 @@ class TrainConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0
     label_smoothing: float = 0.1
+    rdrop_alpha: float = 0.0  # R-Drop: the weight of the two dropout passes' symmetric KL (0 = off; 2x compute)
+    tgt_word_dropout: float = 0.0  # each decoder-input token -> <unk> with this probability (mt/regularize.py)
     # BPE-dropout (Provilkov et al., 2020): each epoch re-segments the training pairs skipping each merge with this
     # probability; validation, test and translate.py keep the deterministic segmentation. 0 = off.
     bpe_dropout: float = 0.0

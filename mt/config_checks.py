@@ -45,6 +45,7 @@ def validate(cfg: Config) -> None:
         ("train.save_every", cfg.train.save_every, 0.0),
         ("train.max_nan_updates", cfg.train.max_nan_updates, 1),
         ("train.wait_timeout", cfg.train.wait_timeout, 0.1),
+        ("train.rdrop_alpha", cfg.train.rdrop_alpha, 0.0),
     ):
         if value < low:
             raise ConfigError(f"{key}={value} is below its minimum {low}; fix the override or config file")
@@ -53,6 +54,7 @@ def validate(cfg: Config) -> None:
         ("model.attention_dropout", cfg.model.attention_dropout),
         ("model.activation_dropout", cfg.model.activation_dropout),
         ("train.label_smoothing", cfg.train.label_smoothing),
+        ("train.tgt_word_dropout", cfg.train.tgt_word_dropout),
     ):
         if not 0.0 <= value < 1.0:
             raise ConfigError(f"{key}={value} is a probability; use a value in [0, 1)")

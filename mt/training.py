@@ -24,7 +24,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import mt.loss as fused_loss
-from mt import checkpoint, distributed, finetune, runtime
+from mt import checkpoint, distributed, finetune, regularize, runtime
 from mt.batching import Batch
 from mt.config import Config, DecodeConfig, TrainConfig
 from mt.corpus import Corpus, training_batches
@@ -42,13 +42,21 @@ class TrainingError(RuntimeError):
 
 
 class TrainingLoss(torch.nn.Module):
-    """The model's teacher-forced `loss` as a module's forward, which is what DDP and torch.compile wrap."""
+    """The model's teacher-forced `loss` as a module's forward, which is what DDP and torch.compile wrap; with
+    `rdrop_alpha` or `tgt_word_dropout`, their loss while the model trains (mt/regularize.py)."""
 
-    def __init__(self, model: Transformer, label_smoothing: float):
+    def __init__(self, model: Transformer, label_smoothing: float, rdrop_alpha: float = 0.0,
+                 tgt_word_dropout: float = 0.0):  # fmt: skip
         super().__init__()
         self.model, self.label_smoothing = model, label_smoothing
+        self.rdrop_alpha, self.tgt_word_dropout = rdrop_alpha, tgt_word_dropout
 
     def forward(self, src, src_pad_mask, tgt_in, tgt_out) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.model.training and self.tgt_word_dropout:
+            tgt_in = regularize.drop_target_words(tgt_in, self.tgt_word_dropout)
+        if self.model.training and self.rdrop_alpha:
+            return regularize.rdrop_loss(self.model, src, src_pad_mask, tgt_in, tgt_out, self.label_smoothing,
+                                         self.rdrop_alpha)  # fmt: skip
         return self.model.loss(src, src_pad_mask, tgt_in, tgt_out, self.label_smoothing)
 
 
@@ -64,7 +72,7 @@ def wrap_for_training(model: Transformer, tc: TrainConfig, world: int, device: t
     `train.compile`. Compiling the DDP module (not DDP over a compiled one) lets dynamo split the graph at DDP's
     gradient buckets, so their all_reduce overlaps the backward; dynamic shapes, since batches differ in rows and
     length: one graph serves them all instead of a recompile per new shape."""
-    wrapped = TrainingLoss(model, tc.label_smoothing)
+    wrapped = TrainingLoss(model, tc.label_smoothing, tc.rdrop_alpha, tc.tgt_word_dropout)
     if world > 1:
         ids = [device.index] if device.type == "cuda" else None  # a device API argument, not a code path
         # No buffers change during training (positions are fixed), and gradients can live in DDP's buckets.

@@ -311,6 +311,8 @@ ROWS = [
     ("group_option_unknown", "train", _args("model=transformer_huge"), "model/transformer_huge"),
     ("choice_unknown", "train", _args("train.schedule=cosine"), "train.schedule='cosine'"),
     ("size_negative", "train", _args("train.max_tokens=-5"), "train.max_tokens=-5"),
+    ("rdrop_alpha_negative", "train", _args("train.rdrop_alpha=-1"), "train.rdrop_alpha=-1.0 is below its minimum"),
+    ("word_dropout_not_probability", "train", _args("train.tgt_word_dropout=1.5"), "train.tgt_word_dropout=1.5 is a"),
     ("heads_do_not_divide", "train", _args("model.d_model=30", "model.n_heads=4"), "model.d_model=30"),
     ("probability_out_of_range", "train", _args("model.dropout=1.5"), "model.dropout=1.5"),
     ("beam_size_zero", "train", _args("decode.beam_size=0"), "decode.beam_size=0"),

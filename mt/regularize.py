@@ -1,0 +1,48 @@
+"""Regularizers for small corpora that change what one update computes (issue 47's trials):
+
+- R-Drop (Liang et al. 2021, "R-Drop: Regularized Dropout for Neural Networks"): the batch goes through the model
+  twice with independent dropout masks, and the loss adds the symmetric KL divergence between the two predicted
+  distributions of every target token, `train.rdrop_alpha` times. Twice the compute of an update.
+- Target-side word dropout (`train.tgt_word_dropout`): each real token of the decoder's input is replaced by
+  <unk> with that probability, so the decoder leans less on its own history (the references it predicts are
+  untouched). Both draw from the global RNG, so an exact resume draws the same.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mt.tokenizer import EOS, PAD, UNK
+
+
+def rdrop_loss(model, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out: Tensor, eps: float,
+               alpha: float) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(loss, nll) summed over the non-padding targets, on the plain loss's scale:
+
+        loss = (CE_1 + CE_2) / 2 + alpha * (KL(p_1 || p_2) + KL(p_2 || p_1)) / 2,    nll = (NLL_1 + NLL_2) / 2
+
+    with CE the label-smoothed cross-entropy of `mt.loss` and p_1, p_2 the two passes' distributions (one forward
+    of the batch stacked twice: each row draws its own dropout masks). The KL needs the full logits, so they exist
+    here (2 x tokens x vocabulary floats), unlike the plain loss's fused projection."""
+
+    def twice(t: Tensor) -> Tensor:
+        return torch.cat([t, t], dim=0)
+
+    keep = tgt_out.ne(PAD)
+    states = model.decoder_states(twice(tgt_in), model.encode(twice(src), twice(src_pad_mask)), twice(src_pad_mask))
+    logp = (states @ model.output.weight.t()).float().log_softmax(dim=-1)
+    nll = -logp.gather(-1, twice(tgt_out).unsqueeze(-1)).squeeze(-1)  # (2B, T)
+    ce = (1 - eps) * nll - eps * logp.mean(dim=-1)
+    lp1, lp2 = logp.chunk(2, dim=0)
+    kl = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(dim=-1)  # KL(p1||p2) + KL(p2||p1), per token
+    both = twice(keep)
+    loss = ce.masked_fill(~both, 0.0).sum() / 2 + alpha * kl.masked_fill(~keep, 0.0).sum() / 2
+    return loss, nll.masked_fill(~both, 0.0).sum().detach() / 2
+
+
+def drop_target_words(tgt_in: Tensor, p: float) -> Tensor:
+    """`tgt_in` with each token after the fixed specials (not <s>, </s> or padding) replaced by <unk> with
+    probability `p`."""
+    drop = torch.rand(tgt_in.shape, device=tgt_in.device) < p
+    return tgt_in.masked_fill(drop & tgt_in.gt(EOS), UNK)
