@@ -116,6 +116,10 @@ class Document:
     sentences: list[str]
     parts: list[list[int]]  # per line, per sentence: how many consecutive translated pieces make it
 
+    def cut(self) -> list[tuple[int, int]]:
+        """(line index, pieces) of every sentence cut into pieces (over the model's positions)."""
+        return [(i, n) for i, parts in enumerate(self.parts) for n in parts if n > 1]
+
     def line_of(self, piece: int) -> int:
         """The index of the line that `sentences[piece]` comes from."""
         ends = list(itertools.accumulate(sum(parts) for parts in self.parts))
@@ -158,6 +162,12 @@ def split_document(
             counts.append(len(pieces))
         parts.append(counts)
     return Document(split, flat, parts)
+
+
+def whole_line(text: str, lang: str) -> list[str]:
+    """A "splitter" that keeps the line as one sentence: without `split`, a line over the model's positions is
+    still translated whole, in pieces (`split_document`), never only its first part."""
+    return [text]
 
 
 def refuse_with_split(decode, prefix, constraints, key: str = "split") -> None:

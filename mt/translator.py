@@ -42,7 +42,7 @@ from mt.inference import (
 )
 from mt.runtime import autocast, pick_device
 from mt.search import Hypothesis, output_cap
-from mt.segment import Document, refuse_with_split, split_document
+from mt.segment import Document, refuse_with_split, split_document, split_sentences, whole_line
 from mt.terminology import Glossary, Tally, check, line_constraints
 from mt.tokenizer import PAD
 
@@ -143,11 +143,19 @@ class Translator:
         """The source language (the sentence splitter's rules): the run's `data.src_lang`, else English's."""
         return ((self.checkpoint.get("config") or {}).get("data") or {}).get("src_lang") or "en"
 
-    def split(self, lines: list[str], tgt_lang: str | None = None, first_line: int = 0) -> Document:
-        """`lines` as sentences to translate (mt/segment.py), each within the model's positions."""
+    def split(self, lines: list[str], tgt_lang: str | None = None, first_line: int = 0,
+              whole_lines: bool = False) -> Document:  # fmt: skip
+        """`lines` as sentences to translate (mt/segment.py), each within the model's positions; `whole_lines`:
+        each line one sentence, cut into pieces only where it is over the positions."""
         room = self.limit - (self.target_id(tgt_lang) is not None)
         count = lambda texts: [len(ids) for ids in self.vocabs.src.encode_batch(texts)]  # noqa: E731
-        return split_document(lines, self.src_lang, count, room, first_line)
+        splitter = whole_line if whole_lines else split_sentences
+        return split_document(lines, self.src_lang, count, room, first_line, splitter)
+
+    def too_long(self, lines: list[str], tgt_lang: str | None = None) -> bool:
+        """Whether a line is over the model's positions (then it is translated in pieces, see `split`)."""
+        room = self.limit - (self.target_id(tgt_lang) is not None)
+        return any(len(ids) > room for ids in self.vocabs.src.encode_batch(lines))
 
     def texts(
         self,
@@ -160,8 +168,11 @@ class Translator:
         tally: Tally | None = None,
     ) -> tuple[list[str], int]:
         """(1-best translations, output tokens) of `lines`; with `split`, of each line's sentences, joined back
-        into the line's layout (no prefixes or per-line constraints: a glossary applies per sentence)."""
+        into the line's layout (no prefixes or per-line constraints: a glossary applies per sentence). A line (or
+        sentence) over the model's positions is translated in pieces cut at clause boundaries, with a warning."""
         doc = self.split(lines, tgt_lang, first_line) if split else None
+        if doc is None and self.too_long(lines, tgt_lang):  # an over-long line: in pieces, not cut short
+            doc = self.split(lines, tgt_lang, first_line, whole_lines=True)
         inputs = doc.sentences if doc is not None else lines
         _, hyps = self.hypotheses(inputs, decode, first_line=first_line, tgt_lang=tgt_lang, glossary=glossary,
                                   tally=tally)  # fmt: skip
@@ -262,9 +273,9 @@ class Translator:
             glossary = Glossary.from_pairs([(s, t, "glossary") for s, t in glossary.items()])
         if glossary is not None and self.glossary is not None:
             glossary = self.glossary.merged(glossary)
-        if split:
+        if split or (in_pieces(decode, prefix, constraints) and self.too_long(list(lines), tgt_lang)):
             refuse_with_split(decode, prefix, constraints)
-            return self.texts(list(lines), decode, True, tgt_lang=tgt_lang, glossary=glossary)[0]
+            return self.texts(list(lines), decode, split, tgt_lang=tgt_lang, glossary=glossary)[0]
         _, hyps = self.hypotheses(list(lines), decode, prefix, tgt_lang=tgt_lang, constraints=constraints,
                                   glossary=glossary)  # fmt: skip
         if decode.nbest == 1:
@@ -293,8 +304,8 @@ class Translator:
         if split:
             refuse_with_split(decode, prefixes, constraints, "split=true")
         for lines in chunks:
-            if split:
-                texts, n = self.texts(lines, decode, True, done, tgt_lang, tally=tally)
+            if split or (in_pieces(decode, prefixes, constraints) and self.too_long(lines, tgt_lang)):
+                texts, n = self.texts(lines, decode, split, done, tgt_lang, tally=tally)
                 write_output(out, texts)
                 done, n_tokens = done + len(lines), n_tokens + n
                 continue
@@ -348,3 +359,9 @@ class Translator:
             for i, value in zip(idx, sums):
                 out[i] = value
         return out
+
+
+def in_pieces(decode: DecodeConfig, prefixes, constraints) -> bool:
+    """Whether a line over the model's positions can be translated in pieces: not with n-best lists, prefixes or
+    per-line constraints, which belong to the whole line (then it is truncated, with a warning)."""
+    return decode.nbest == 1 and prefixes is None and constraints is None

@@ -74,11 +74,19 @@ def test_bad_requests_get_one_line_errors_and_the_server_goes_on(served, body, s
     assert client.post("/translate", json={"src": ["a dog"]}).status_code == 200
 
 
-def test_a_line_longer_than_the_positions_is_truncated_with_a_warning(served):
-    client, model, *_ = served
+def test_a_line_longer_than_the_positions_is_translated_in_pieces_or_truncated_with_a_warning(served):
+    """Before: only its first 127 tokens were translated. Now all of it, in pieces; with an n-best list (which
+    belongs to the whole line) it is still truncated, and says so."""
+    client, model, vocabs, cfg = served
     long = " ".join(["cat"] * (model.cfg.max_positions + 20))
     r = client.post("/translate", json={"src": ["a dog", long]})
     assert r.status_code == 200 and len(r.json()["translations"]) == 2
+    assert r.json()["warnings"] == ["src[1]: a sentence over the model's 127 tokens, translated in 2 pieces cut at "
+                                    "clause boundaries (else between words)"]  # fmt: skip
+    pieces = [" ".join(["cat"] * 127), " ".join(["cat"] * 20)]
+    alone = decode_ids(model, vocabs.src.encode_batch(pieces), cfg.decode, torch.device("cpu"), None)
+    assert r.json()["translations"][1] == " ".join(vocabs.tgt.decode_batch([h[0].tokens for h in alone]))
+    r = client.post("/translate", json={"src": ["a dog", long], "nbest": 2})
     assert r.json()["warnings"] == [f"src[1]: {model.cfg.max_positions + 20} tokens, truncated to the model's 127"]
 
 

@@ -283,3 +283,27 @@ def test_a_streamed_prefix_run_answers_each_line_before_the_next_arrives(toy_run
         t.translate_stream(chunks(), out, prefixes=AlignedFile(str(tmp_path / "prefix.txt")))
     assert answered == [1, 2] and out.getvalue().splitlines()[0].startswith("red house")
     assert f"line 2: {t.limit + 5} tokens, truncated" in caplog.text
+
+
+def test_a_line_over_the_positions_is_translated_whole_in_pieces(toy_run, caplog):
+    """Before: only its first `limit` tokens were translated (a warning said so). Now all of it, in pieces cut at
+    clause boundaries, one output line; with an n-best list (which belongs to the whole line) it is truncated."""
+    import io
+
+    from mt import Translator
+
+    t = Translator.load(toy_run, device="cpu")
+    first, second = " ".join(["the cat sees a dog"] * (t.limit // 5)), "a big red house"
+    long = f"{first}, {second}"
+    assert len(t.vocabs.src.encode(long)) > t.limit >= len(t.vocabs.src.encode(first + ","))
+    with caplog.at_level("WARNING"):
+        (whole,) = t.translate([long])
+    assert whole == " ".join(t.translate([first + ",", second]))
+    assert "line 1: a sentence of" in caplog.text and "translated in 2 pieces" in caplog.text
+    out = io.StringIO()
+    t.translate_stream(iter([["a dog", long]]), out)
+    assert out.getvalue().splitlines() == [t.translate(["a dog"])[0], whole]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        t.translate([long], nbest=2, beam_size=2)
+    assert f"line 1: {len(t.vocabs.src.encode(long))} tokens, truncated" in caplog.text

@@ -123,13 +123,16 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
         served = pick(models, req.model, req.tgt_lang)
         translator, own = served.translator, served.cfg or cfg
         decode = request_decode(req, own, translator)
-        doc = request_split(req, translator, decode)
+        doc = request_split(req, translator, decode, own)
         lines = doc.sentences if doc is not None else req.src
         src_ids, prefixes, warnings = request_sources(req, lines, own, translator, decode)
         tokens = sum(len(s) + 1 for s in src_ids)
         request.state.sentences, request.state.tokens = len(src_ids), tokens  # (the access log)
         gate.count_tokens(request.state.who, tokens)
         rules = request_constraints(req, lines, translator, decode)
+        for i, pieces in doc.cut() if doc is not None else ():
+            warnings.append(f"src[{i}]: a sentence over the model's {translator.limit} tokens, translated in {pieces} "
+                            "pieces cut at clause boundaries (else between words)")  # fmt: skip
         hyps = await served.batcher.translate(src_ids, prefixes, decode, gone=request.is_disconnected,
                                               constraints=rules)  # fmt: skip
         metrics.served(served.name, len(src_ids), tokens, sum(len(h[0].tokens) + 1 for h in hyps))

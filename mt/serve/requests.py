@@ -9,6 +9,7 @@ from mt.config import ConfigError, DecodeConfig, ServeConfig
 from mt.segment import Document, refuse_with_split
 from mt.serve.batching import BadRequest
 from mt.terminology import Glossary, line_constraints
+from mt.translator import in_pieces
 
 
 class TranslateRequest(BaseModel):
@@ -30,29 +31,35 @@ class TranslateRequest(BaseModel):
     split: bool = False  # each line a paragraph: translated sentence by sentence, joined back (mt/segment.py)
 
 
-def request_split(req: TranslateRequest, translator, decode: DecodeConfig) -> Document | None:
-    """With "split": the request's lines as sentences (what a split line cannot have is a 422)."""
-    if not req.split:
-        return None
+def request_split(req: TranslateRequest, translator, decode: DecodeConfig, cfg: ServeConfig) -> Document | None:
+    """First the request's size: its source tokens, counted before anything is split or cut (a 100,000-character
+    line counts in full), over `max_request_tokens` is a 413. Then, with "split": the request's lines as sentences
+    (what a split line cannot have is a 422). Without it, where a line is over the model's positions: the lines as
+    they are, that one in pieces (not cut short), unless the request has what belongs to a whole line (n-best,
+    prefixes, constraints; then it is truncated with a warning)."""
+    n_tokens = sum(len(ids) + 1 for ids in translator.vocabs.src.encode_batch(req.src))
+    if n_tokens > cfg.max_request_tokens:
+        raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
+                              "split the request")  # fmt: skip
     try:
-        refuse_with_split(decode, req.prefix, req.constraints)
-        return translator.split(req.src, req.tgt_lang)
+        if req.split:
+            refuse_with_split(decode, req.prefix, req.constraints)
+            return translator.split(req.src, req.tgt_lang)
+        if in_pieces(decode, req.prefix, req.constraints) and translator.too_long(req.src, req.tgt_lang):
+            return translator.split(req.src, req.tgt_lang, whole_lines=True)
+        return None
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
 
 
 def request_sources(req: TranslateRequest, lines: list[str], cfg: ServeConfig, translator, decode: DecodeConfig):
-    """(source ids, prefix ids, warnings) of a request's `lines`: its tokens counted before lines are cut to the
-    model (a 100,000-character line counts in full), a multilingual model's target-language token first."""
+    """(source ids, prefix ids, warnings) of a request's `lines` (its sentences, or its lines as they are), a
+    multilingual model's target-language token first; a line still over the model's positions is truncated."""
     try:
         target = translator.target_id(req.tgt_lang)
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
     src_ids = translator.vocabs.src.encode_batch(lines)
-    n_tokens = sum(len(s) + 1 for s in src_ids)
-    if n_tokens > cfg.max_request_tokens:
-        raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
-                              "split the request")  # fmt: skip
     warnings, room = [], translator.limit - (target is not None)  # (</s> takes the last position)
     for i, ids in enumerate(src_ids):
         if len(ids) > room:
