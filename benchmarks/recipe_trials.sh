@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Issue 47's trials: changes to the En->De recipe (conf/experiment/multi30k_en_de.yaml), each a 56-minute run with
+# the machine alone, chosen on the whole val set (1,014 sentences; never test), then the finalist against the
+# recipe with several seeds.
+#
+#   bash benchmarks/recipe_trials.sh base big              # train what is missing, then the val table
+#   SEEDS="1 2 3" bash benchmarks/recipe_trials.sh base big_d3   # the 3-seed confirmation
+#   MINUTES=3 OUT=/tmp/trials bash benchmarks/recipe_trials.sh base   # a smoke run
+#
+# A trial is a name and its overrides (below). Every run is scored on the whole val set by translate.py (the
+# run's own model: averaged or EMA, as it translates), and mt.compare puts all the named runs of the first seed
+# side by side against the first name, with paired-bootstrap p-values (sacreBLEU's, 1,000 resamples). Outputs in
+# OUT (run dirs NAME.sSEED, val hypotheses, the table as val.md / val.json); nothing in the repository.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+DATA=${DATA:-$ROOT/../shared/data}
+OUT=${OUT:-/work/runs/trials}
+MINUTES=${MINUTES:-56}
+SEEDS=${SEEDS:-1}
+M30K=$DATA/multi30k
+
+overrides() {  # the overrides of trial $1 (the hypotheses of issue 47; docs/experiments.md has the reasons)
+    case $1 in
+        base) echo "" ;;                                              # the recipe as it is
+        big) echo "train.accumulate=3 train.lr=4e-3 train.warmup=150" ;;  # ~7.5k-token updates, twice the peak lr
+        big_d3) echo "train.accumulate=3 train.lr=4e-3 train.warmup=150 model.dropout=0.3" ;;
+        avg10) echo "train.keep_last=10 train.average_last=10" ;;     # fairseq's last-10 average
+        ema) echo "train.ema_decay=0.999 train.average_last=0" ;;     # EMA instead of the last-5 average
+        rdrop) echo "train.rdrop_alpha=3" ;;                          # R-Drop (2x compute per update)
+        wdrop) echo "train.tgt_word_dropout=0.1" ;;                   # target-side word dropout
+        lower) echo "tokenizer.normalization=NFC+Lowercase" ;;        # trained lowercased, as fairseq's recipe
+        *) echo "error: unknown trial '$1' (see overrides() in $0)" >&2; return 2 ;;
+    esac
+}
+
+[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower)" >&2; exit 2; }
+for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
+mkdir -p "$OUT"
+for seed in $SEEDS; do
+    for t in "$@"; do
+        run=$OUT/$t.s$seed
+        if [ ! -f "$run/test_2016_flickr.hyp" ]; then
+            # shellcheck disable=SC2046
+            python train.py +experiment=multi30k_en_de $(overrides "$t") train.seed="$seed" \
+                train.max_time="$MINUTES" train.progress=false run_dir="$run"
+        fi
+        [ -f "$run/val.hyp" ] || python translate.py checkpoint="$run" input="$M30K/val.en.gz" output="$run/val.hyp" \
+            device=cpu > /dev/null 2> "$run/val.translate.log"
+    done
+done
+first=$(set -- $SEEDS; echo "$1")
+hyps=() names=()
+for t in "$@"; do hyps+=("$OUT/$t.s$first/val.hyp") names+=("$t"); done
+python -m mt.compare "${hyps[@]}" --refs "$M30K/val.de.gz" --names "$(IFS=,; echo "${names[*]}")" \
+    --json "$OUT/val.s$first.json" | tee "$OUT/val.s$first.md"
