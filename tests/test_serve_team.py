@@ -216,11 +216,11 @@ def _serve(run, *args):
     pytest.fail(f"serve.py exited with {p.wait()} before serving")
 
 
-def _post(url, body, key=None, timeout=60):
+def _post(url, body, key=None, timeout=60, headers=None):
     import urllib.error
     import urllib.request
 
-    headers = {"content-type": "application/json", **({"x-api-key": key} if key else {})}
+    headers = {"content-type": "application/json", **({"x-api-key": key} if key else {}), **(headers or {})}
     request = urllib.request.Request(url + "/translate", json.dumps(body).encode(), headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as r:
@@ -261,8 +261,15 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0_and_sighup_rereads_t
 
 
 def test_without_keys_the_first_line_says_unauthenticated_and_another_host_warns(toy_run):
-    p, url, first = _serve(toy_run, "host=0.0.0.0")
+    """Also: behind a reverse proxy on the same machine, the limits count per caller (the address the proxy puts
+    in X-Forwarded-For, which uvicorn trusts from 127.0.0.1), not all callers as the proxy's one address."""
+    p, url, first = _serve(toy_run, "host=0.0.0.0", "requests_per_minute=1")
     warning = p.stderr.readline()
+    callers = ["203.0.113.7", "203.0.113.8", "203.0.113.7"]  # the third is the first again: over its 1 a minute
+    statuses = [_post(url, {"src": [LINE]}, headers={"x-forwarded-for": a})[0] for a in callers]
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=60) == 0
     assert "unauthenticated" in first and warning.startswith("WARNING host=0.0.0.0 without api_keys"), warning
+    assert statuses == [200, 200, 429]
+    log = p.stderr.read()
+    assert "203.0.113.7" in log and "203.0.113.8" in log
