@@ -20,7 +20,7 @@ MINUTES=${MINUTES:-56}
 SEEDS=${SEEDS:-1}
 M30K=$DATA/multi30k
 
-overrides() {  # the overrides of trial $1 (the hypotheses of issue 47; docs/experiments.md has the reasons)
+overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to docs/experiments.md)
     case $1 in
         base) echo "" ;;                                              # the recipe as it is
         big) echo "train.accumulate=3 train.lr=4e-3 train.warmup=150" ;;  # ~7.5k-token updates, twice the peak lr

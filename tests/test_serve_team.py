@@ -203,8 +203,9 @@ def test_a_checkpoint_named_twice_is_loaded_once(toy_run):
 
 def _serve(run, *args):
     """serve.py on a free port: (process, URL); its stderr is read by the caller."""
+    env = {k: v for k, v in os.environ.items() if k != "FORWARDED_ALLOW_IPS"}  # uvicorn's default trust: 127.0.0.1
     p = subprocess.Popen([sys.executable, "serve.py", f"checkpoint={run}", "device=cpu", "port=0", *args], cwd=ROOT,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     import urllib.request
 
     for line in p.stderr:
