@@ -177,9 +177,10 @@ def tokenization(vocabs: Vocabs, pairs, n: int = 2000) -> dict:
         tokens, words = sum(map(len, ids)), sum(len(line.split()) for line in lines)
         unk = sum(i.count(UNK) for i in ids)
         out[side] = {"unk_share": unk / max(tokens, 1), "subwords_per_word": tokens / max(words, 1)}
-        if unk:
-            counts = Counter(c for line in lines for c in line if not c.isspace())
-            unknown.update({c: n for c, n in counts.items() if vocab.encode(c) == [UNK]})
+        if unk:  # what became <unk>, read from the offsets (a lone character is encoded as "▁" + it)
+            for line in lines:
+                enc = vocab.tokenizer.encode(line, add_special_tokens=False)
+                unknown.update(line[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == UNK)
     out["unknown_characters"] = "".join(c for c, _ in unknown.most_common(20))
     return out
 

@@ -189,3 +189,21 @@ def test_the_held_out_pairs_are_the_same_with_any_tokenizer_and_unseen_by_the_bp
     parent = finetune.load_parent(cfg, ft_run)
     tuned = prepare_data(finetune.adopt(cfg, parent, []), ft_run, cfg.model.max_positions, parent.vocabs)
     assert tuned.valid["src"] == corpus.valid["src"]
+
+
+def test_the_characters_that_become_unk_are_named(tmp_path):
+    """The warning names what the parent's tokenizer cannot spell. (Before: each character was encoded alone,
+    which the Metaspace pre-tokenizer turns into "▁" + it, never [<unk>], so the list was always empty.)"""
+    import datasets
+
+    from mt.config import TokenizerConfig
+    from mt.corpus import build_vocabs
+    from mt.data import TextPairs
+
+    texts = ["the cat sat on the mat", "a dog ran", "the dog sat"] * 20
+    ds = datasets.Dataset.from_dict({"src": texts, "tgt": texts})
+    vocabs = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), TextPairs.of_table(ds), tmp_path)
+    new = [("the cat • sat", "the µ dog"), ("a dog • ran", "a mat")]
+    seen = finetune.tokenization(vocabs, new)
+    assert seen["source"]["unk_share"] > 0 and seen["target"]["unk_share"] > 0
+    assert seen["unknown_characters"] == "•µ"  # most frequent first
