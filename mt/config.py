@@ -165,7 +165,7 @@ class TrainConfig:
     # Start a new run from a trained model (a run dir, a .pt or a release): its weights, tokenizer and architecture;
     # optimizer, schedule, counters, best score and data order start fresh (mt/finetune.py).
     init_from: str | None = None
-    init_optimizer: bool = False  # with init_from: carry the parent's Adam moments over (a resumable checkpoint)
+    init_optimizer: bool = False  # with init_from: carry the parent's Adam moments over (of a run dir: its last)
     freeze: list[str] = field(default_factory=list)  # parts that do not train: embeddings, encoder, decoder
     test_parent: bool = True  # with init_from: also score the parent's own test splits at the end (forgetting)
     max_nan_updates: int = 5

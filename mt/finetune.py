@@ -63,6 +63,10 @@ def load_parent(cfg: Config, run_dir: Path) -> Parent:
     if where == run_dir.resolve():
         raise ConfigError(f"train.init_from={source} is this run's own dir; give the parent's run dir and a new "
                           "run_dir for the fine-tuning run")  # fmt: skip
+    if cfg.train.init_optimizer and source.is_dir() and (source / "checkpoint_last.pt").is_file():
+        # The moments belong to the run's last weights, not to its averaged or best ones: start from the pair.
+        source = source / "checkpoint_last.pt"
+        log.info("train.init_optimizer: starting from %s, the weights its optimizer state belongs to", source)
     try:
         ckpt = checkpoint.load(source)
         model, vocabs = checkpoint.build_model(ckpt)

@@ -7,12 +7,14 @@ import json
 import math
 from dataclasses import replace
 
+import datasets
 import pytest
 import torch
 
 from mt import checkpoint, finetune
-from mt.config import ConfigError
-from mt.corpus import prepare_data
+from mt.config import ConfigError, TokenizerConfig
+from mt.corpus import build_vocabs, prepare_data
+from mt.data import TextPairs
 from mt.training import Trainer
 from tests.conftest import write_toy_corpus
 from tests.test_training import make_config
@@ -73,6 +75,9 @@ def test_init_optimizer_carries_the_moments_over(toy_run, domain, tmp_path):
     saved = cfg_parent["optimizer"]["state"]
     assert state and all(torch.equal(state[k]["exp_avg"], saved[k]["exp_avg"]) for k in state)
     assert trainer.update == 0  # the counters stay fresh
+    # A run dir gives the pair the moments belong to: its last weights (not the best or averaged ones) and state.
+    from_dir, parent = finetuning(toy_run, domain, tmp_path / "ft1", init_optimizer=True)
+    assert parent.ckpt["path"].endswith("checkpoint_last.pt") and from_dir.optimizer.state_dict()["state"]
     with pytest.raises(ConfigError, match="holds no optimizer state"):
         finetuning(toy_run / "checkpoint_best.pt", domain, tmp_path / "ft2", init_optimizer=True)
 
@@ -194,12 +199,6 @@ def test_the_held_out_pairs_are_the_same_with_any_tokenizer_and_unseen_by_the_bp
 def test_the_characters_that_become_unk_are_named(tmp_path):
     """The warning names what the parent's tokenizer cannot spell. (Before: each character was encoded alone,
     which the Metaspace pre-tokenizer turns into "▁" + it, never [<unk>], so the list was always empty.)"""
-    import datasets
-
-    from mt.config import TokenizerConfig
-    from mt.corpus import build_vocabs
-    from mt.data import TextPairs
-
     texts = ["the cat sat on the mat", "a dog ran", "the dog sat"] * 20
     ds = datasets.Dataset.from_dict({"src": texts, "tgt": texts})
     vocabs = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), TextPairs.of_table(ds), tmp_path)
