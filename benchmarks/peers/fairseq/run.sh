@@ -133,3 +133,24 @@ sent_s=$(grep -oP "sentences \(.*?\) in [0-9.]+s \(\K[0-9.]+(?= sentences/s)" "$
 "$PYTHON" "$PEERS/score.py" --hyp "$WORK/hyp.test" --out "$WORK" --toolkit fairseq --version 0.12.3.1 \
     --meta params="$params" epochs="${epochs:-0} (${updates} updates)" train_tok_s="$tok_s" sent_s="$sent_s" \
         budget_min="$BUDGET_MIN" train_minutes="$(( (TRAIN_END - START) / 60 ))"
+
+# Out of domain (issue 47), after the budget: the same averaged model on the English side of IWSLT TED's test set
+# (tst2014), prepared as the training text was (Moses, lowercase, the run's BPE and dictionary), into
+# $WORK/hyp.iwslt_test for `python -m mt.compare` against this project's runs. IWSLT=none skips it.
+IWSLT=${IWSLT:-$ROOT/../shared/data/iwslt_ted_de_en}
+if [ "$IWSLT" != none ]; then
+    [ -f "$IWSLT/test.en.gz" ] || die "IWSLT TED not found in $IWSLT (set IWSLT=/path/to/iwslt_ted_de_en, or none)"
+    for lang in en de; do
+        gzip -dc "$IWSLT/test.$lang.gz" | moses_lowercase "$PY" "$lang" \
+            | "$PY" -m subword_nmt.apply_bpe -c "$WORK/data/bpe.codes" > "$WORK/data/iwslt_test.bpe.$lang"
+    done
+    "$BIN/fairseq-preprocess" --source-lang en --target-lang de --testpref "$WORK/data/iwslt_test.bpe" \
+        --srcdict "$WORK/bin/dict.en.txt" --tgtdict "$WORK/bin/dict.de.txt" --destdir "$WORK/bin_iwslt" \
+        --workers 2 > "$WORK/preprocess_iwslt.out" 2>&1 || die "fairseq-preprocess failed: see $WORK/preprocess_iwslt.out"
+    TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$BIN/fairseq-generate" "$WORK/bin_iwslt" \
+        --path "$WORK/checkpoints/averaged.pt" --gen-subset test --cpu --source-lang en --target-lang de --beam 5 \
+        --lenpen 0.8 --batch-size 128 --remove-bpe --tokenizer moses > "$WORK/generate_iwslt.out" \
+        2> "$WORK/generate_iwslt.err" || die "fairseq-generate failed on IWSLT: see the end of $WORK/generate_iwslt.err"
+    grep -P "^D-[0-9]+\t" "$WORK/generate_iwslt.out" | sort -t- -k2 -n | cut -f3 > "$WORK/hyp.iwslt_test"
+    echo "IWSLT TED test: $(wc -l < "$WORK/hyp.iwslt_test") lines in $WORK/hyp.iwslt_test"
+fi
