@@ -20,9 +20,11 @@ def rdrop_loss(model, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out
                alpha: float) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(loss, nll) summed over the non-padding targets, on the plain loss's scale:
 
-        loss = (CE_1 + CE_2) / 2 + alpha * (KL(p_1 || p_2) + KL(p_2 || p_1)) / 2,    nll = (NLL_1 + NLL_2) / 2
+        loss = (CE_1 + CE_2) / 2 + alpha * (KL(p_1 || p_2) + KL(p_2 || p_1)) / 4,    nll = (NLL_1 + NLL_2) / 2
 
-    with CE the label-smoothed cross-entropy of `mt.loss` and p_1, p_2 the two passes' distributions (one forward
+    that is the paper's (eq. 3) and fairseq's `label_smoothed_cross_entropy_with_rdrop` objective, CE_1 + CE_2 +
+    alpha * (KL(p_1 || p_2) + KL(p_2 || p_1)) / 2, halved: an alpha means what it means there. CE is the
+    label-smoothed cross-entropy of `mt.loss` and p_1, p_2 the two passes' distributions (one forward
     of the batch stacked twice: each row draws its own dropout masks). The KL needs the full logits, so they exist
     here (2 x tokens x vocabulary floats), unlike the plain loss's fused projection."""
 
@@ -37,7 +39,7 @@ def rdrop_loss(model, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out
     lp1, lp2 = logp.chunk(2, dim=0)
     kl = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(dim=-1)  # KL(p1||p2) + KL(p2||p1), per token
     both = twice(keep)
-    loss = ce.masked_fill(~both, 0.0).sum() / 2 + alpha * kl.masked_fill(~keep, 0.0).sum() / 2
+    loss = ce.masked_fill(~both, 0.0).sum() / 2 + alpha * kl.masked_fill(~keep, 0.0).sum() / 4
     return loss, nll.masked_fill(~both, 0.0).sum().detach() / 2
 
 

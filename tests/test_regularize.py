@@ -4,6 +4,7 @@ evaluation, and that a run with both resumes exactly."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from mt.regularize import drop_target_words, rdrop_loss
 from mt.tokenizer import BOS, EOS, PAD, UNK
@@ -53,6 +54,30 @@ def test_with_dropout_rdrop_adds_alpha_times_a_positive_kl():
     kl = (losses[1] - losses[0]) / 2
     assert kl > 0.01
     assert abs((losses[2] - losses[0]) / 4 - kl) < 1e-3 * max(1.0, kl)
+
+
+def test_alpha_weighs_the_kl_as_the_paper_and_fairseq_do():
+    """fairseq's R-Drop criterion is CE_1 + CE_2 + alpha * (KL(p_1 || p_2) + KL(p_2 || p_1)) / 2 (the paper's eq. 3);
+    ours is that halved, so the KL term it adds is half of fairseq's, computed here with `F.kl_div` as fairseq does,
+    from the same two dropout passes (the same seed, one forward of the batch stacked twice)."""
+    model, (src, src_mask, tgt_in, tgt_out) = _model(0.3), _batch()
+    alpha = 3.0
+    added = []
+    for a in (0.0, alpha):
+        torch.manual_seed(7)
+        added.append(rdrop_loss(model, src, src_mask, tgt_in, tgt_out, 0.1, a)[0])
+
+    def twice(t):
+        return torch.cat([t, t])
+
+    torch.manual_seed(7)
+    states = model.decoder_states(twice(tgt_in), model.encode(twice(src), twice(src_mask)), twice(src_mask))
+    p, q = (states @ model.output.weight.t()).log_softmax(-1).chunk(2)
+    pad = tgt_out.eq(PAD).unsqueeze(-1)
+    p_loss = F.kl_div(p, q.exp(), reduction="none").masked_fill(pad, 0.0).sum()
+    q_loss = F.kl_div(q, p.exp(), reduction="none").masked_fill(pad, 0.0).sum()
+    fairseq_term = alpha * (p_loss + q_loss) / 2
+    torch.testing.assert_close(added[1] - added[0], fairseq_term / 2, atol=1e-4, rtol=1e-4)
 
 
 def test_the_training_loss_is_rdrops_while_training_and_the_plain_one_in_evaluation():
