@@ -152,5 +152,7 @@ if [ "$IWSLT" != none ]; then
         --lenpen 0.8 --batch-size 128 --remove-bpe --tokenizer moses > "$WORK/generate_iwslt.out" \
         2> "$WORK/generate_iwslt.err" || die "fairseq-generate failed on IWSLT: see the end of $WORK/generate_iwslt.err"
     grep -P "^D-[0-9]+\t" "$WORK/generate_iwslt.out" | sort -t- -k2 -n | cut -f3 > "$WORK/hyp.iwslt_test"
-    echo "IWSLT TED test: $(wc -l < "$WORK/hyp.iwslt_test") lines in $WORK/hyp.iwslt_test"
+    got=$(wc -l < "$WORK/hyp.iwslt_test") want=$(gzip -dc "$IWSLT/test.en.gz" | wc -l)
+    [ "$got" = "$want" ] || die "fairseq-generate translated $got of IWSLT TED test's $want lines: see $WORK/generate_iwslt.err"
+    echo "IWSLT TED test: $got lines in $WORK/hyp.iwslt_test"
 fi
