@@ -120,8 +120,8 @@ EOF
 # the last batch when it is not a multiple of 8 (facebookresearch/fairseq#5036), silently: IWSLT TED test's 1,305
 # sentences came out as 1,304 (Multi30k's 1,000 are a multiple of 8).
 TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$BIN/fairseq-generate" "$WORK/bin" --path "$WORK/checkpoints/averaged.pt" \
-    --gen-subset test --cpu --source-lang en --target-lang de --beam 5 --lenpen 0.8 --batch-size 128 --required-batch-size-multiple 1 --remove-bpe \
-    --tokenizer moses > "$WORK/generate.out" 2> "$WORK/generate.err" \
+    --gen-subset test --cpu --source-lang en --target-lang de --beam 5 --lenpen 0.8 --batch-size 128 \
+    --required-batch-size-multiple 1 --remove-bpe --tokenizer moses > "$WORK/generate.out" 2> "$WORK/generate.err" \
     || die "fairseq-generate failed: see the end of $WORK/generate.err"
 grep -P "^D-[0-9]+\t" "$WORK/generate.out" | sort -t- -k2 -n | cut -f3 > "$WORK/hyp.test"
 
@@ -151,10 +151,12 @@ if [ "$IWSLT" != none ]; then
         --workers 2 > "$WORK/preprocess_iwslt.out" 2>&1 || die "fairseq-preprocess failed: see $WORK/preprocess_iwslt.out"
     TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$BIN/fairseq-generate" "$WORK/bin_iwslt" \
         --path "$WORK/checkpoints/averaged.pt" --gen-subset test --cpu --source-lang en --target-lang de --beam 5 \
-        --lenpen 0.8 --batch-size 128 --required-batch-size-multiple 1 --remove-bpe --tokenizer moses > "$WORK/generate_iwslt.out" \
-        2> "$WORK/generate_iwslt.err" || die "fairseq-generate failed on IWSLT: see the end of $WORK/generate_iwslt.err"
+        --lenpen 0.8 --batch-size 128 --required-batch-size-multiple 1 --remove-bpe --tokenizer moses \
+        > "$WORK/generate_iwslt.out" 2> "$WORK/generate_iwslt.err" \
+        || die "fairseq-generate failed on IWSLT: see the end of $WORK/generate_iwslt.err"
     grep -P "^D-[0-9]+\t" "$WORK/generate_iwslt.out" | sort -t- -k2 -n | cut -f3 > "$WORK/hyp.iwslt_test"
     got=$(wc -l < "$WORK/hyp.iwslt_test") want=$(gzip -dc "$IWSLT/test.en.gz" | wc -l)
-    [ "$got" = "$want" ] || die "fairseq-generate translated $got of IWSLT TED test's $want lines: see $WORK/generate_iwslt.err"
+    [ "$got" = "$want" ] \
+        || die "fairseq-generate translated $got of IWSLT TED test's $want lines: see $WORK/generate_iwslt.err"
     echo "IWSLT TED test: $got lines in $WORK/hyp.iwslt_test"
 fi
