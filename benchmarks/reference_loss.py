@@ -50,3 +50,23 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) 
     and carries no gradient.
     """
     return _LabelSmoothedCE.apply(logits.reshape(-1, logits.size(-1)), target.reshape(-1), eps)
+
+
+def rdrop_loss_from_logits(model, src, src_pad_mask, tgt_in, tgt_out, eps: float, alpha: float):
+    """R-Drop's (loss, nll) as the trainer computed it before the fused `mt.loss.projected_rdrop_loss`: the batch
+    stacked twice through the model, both passes' full logits (padding included), then the formula left to
+    autograd. The reference `benchmarks/rdrop_step.py` times the fused version against."""
+
+    def twice(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t], dim=0)
+
+    keep = tgt_out.ne(PAD)
+    states = model.decoder_states(twice(tgt_in), model.encode(twice(src), twice(src_pad_mask)), twice(src_pad_mask))
+    logp = (states @ model.output.weight.t()).float().log_softmax(dim=-1)
+    nll = -logp.gather(-1, twice(tgt_out).unsqueeze(-1)).squeeze(-1)
+    ce = (1 - eps) * nll - eps * logp.mean(dim=-1)
+    lp1, lp2 = logp.chunk(2, dim=0)
+    kl = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(dim=-1)
+    both = twice(keep)
+    loss = ce.masked_fill(~both, 0.0).sum() / 2 + alpha * kl.masked_fill(~keep, 0.0).sum() / 4
+    return loss, nll.masked_fill(~both, 0.0).sum().detach() / 2

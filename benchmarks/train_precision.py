@@ -35,6 +35,19 @@ from mt.model import Transformer  # noqa: E402
 from mt.tokenizer import PAD  # noqa: E402
 
 
+def multi30k_batches(model: str, max_tokens: int, n: int):
+    """(config, corpus, the first n batches): Multi30k train with the default 8k joint BPE, batched as the trainer
+    batches it (token buckets of <= max_tokens padded tokens, seed 1), for the model preset `model`."""
+    datasets.disable_progress_bars()
+    logging.basicConfig(level=logging.WARNING)
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = to_dataclass(compose("config", overrides=[f"model={model}", "run_dir=x"]))
+    corpus = prepare_data(cfg, Path(tempfile.mkdtemp()), cfg.model.max_positions)
+    sampler = make_sampler(corpus.train_lengths, max_tokens, seed=1, shuffle=True)
+    return cfg, corpus, list(BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler))[:n]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="transformer_small")
@@ -42,15 +55,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
-    datasets.disable_progress_bars()
-    logging.basicConfig(level=logging.WARNING)
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = to_dataclass(compose("config", overrides=[f"model={args.model}", "run_dir=x"]))
-    corpus = prepare_data(cfg, Path(tempfile.mkdtemp()), cfg.model.max_positions)
-    sampler = make_sampler(corpus.train_lengths, args.max_tokens, seed=1, shuffle=True)
-    batches = list(BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler))
-    batches = batches[: args.steps + args.warmup]
+    cfg, corpus, batches = multi30k_batches(args.model, args.max_tokens, args.steps + args.warmup)
 
     systems = {}
     for name, dtype, fused in (

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from mt import loss as fused_loss
+from mt.model import skips_padding_rows
 from mt.tokenizer import EOS, PAD, UNK
 
 
@@ -24,23 +26,20 @@ def rdrop_loss(model, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out
 
     that is the paper's (eq. 3) and fairseq's `label_smoothed_cross_entropy_with_rdrop` objective, CE_1 + CE_2 +
     alpha * (KL(p_1 || p_2) + KL(p_2 || p_1)) / 2, halved: an alpha means what it means there. CE is the
-    label-smoothed cross-entropy of `mt.loss` and p_1, p_2 the two passes' distributions (one forward
-    of the batch stacked twice: each row draws its own dropout masks). The KL needs the full logits, so they exist
-    here (2 x tokens x vocabulary floats), unlike the plain loss's fused projection."""
+    label-smoothed cross-entropy of `mt.loss` and p_1, p_2 the two passes' distributions (one forward of the batch
+    stacked twice: each row draws its own dropout masks). The loss is fused with the output projection
+    (`mt.loss.projected_rdrop_loss`), and the CPU skips padding positions before it, as the plain loss does."""
 
     def twice(t: Tensor) -> Tensor:
         return torch.cat([t, t], dim=0)
 
     keep = tgt_out.ne(PAD)
-    states = model.decoder_states(twice(tgt_in), model.encode(twice(src), twice(src_pad_mask)), twice(src_pad_mask))
-    logp = (states @ model.output.weight.t()).float().log_softmax(dim=-1)
-    nll = -logp.gather(-1, twice(tgt_out).unsqueeze(-1)).squeeze(-1)  # (2B, T)
-    ce = (1 - eps) * nll - eps * logp.mean(dim=-1)
-    lp1, lp2 = logp.chunk(2, dim=0)
-    kl = ((lp1.exp() - lp2.exp()) * (lp1 - lp2)).sum(dim=-1)  # KL(p1||p2) + KL(p2||p1), per token
-    both = twice(keep)
-    loss = ce.masked_fill(~both, 0.0).sum() / 2 + alpha * kl.masked_fill(~keep, 0.0).sum() / 4
-    return loss, nll.masked_fill(~both, 0.0).sum().detach() / 2
+    wanted = twice(keep) if skips_padding_rows(tgt_out.device) else None
+    memory = model.encode(twice(src), twice(src_pad_mask))
+    states = model.decoder_states(twice(tgt_in), memory, twice(src_pad_mask), wanted=wanted)
+    h1, h2 = states.reshape(-1, states.size(-1)).chunk(2)  # pass 1's tokens, then pass 2's, in the same order
+    target = tgt_out[keep] if wanted is not None else tgt_out.reshape(-1)
+    return fused_loss.projected_rdrop_loss(h1, h2, model.output.weight, target, eps, alpha)
 
 
 def drop_target_words(tgt_in: Tensor, p: float) -> Tensor:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from benchmarks.reference_loss import label_smoothed_loss
-from mt.loss import projected_label_smoothed_loss
+from mt.loss import projected_label_smoothed_loss, projected_rdrop_loss
 from mt.model import Transformer
 from tests.conftest import tiny_model_config
 
@@ -96,6 +96,62 @@ def test_projected_loss_without_gradients_gives_the_same_sums():
     ref_loss, ref_nll = label_smoothed_loss(states @ weight.t(), target, 0.1)
     assert not loss.requires_grad
     assert (loss.item(), nll.item()) == pytest.approx((ref_loss.item(), ref_nll.item()), rel=1e-5)
+
+
+def rdrop_by_autograd(h1, h2, weight, target, eps, alpha, mm_dtype=torch.float32):
+    """R-Drop's loss written out from the full logits (autograd differentiates it): the reference for the fused one."""
+    with torch.autocast("cpu", dtype=mm_dtype, enabled=mm_dtype != torch.float32):
+        z1, z2 = h1 @ weight.t(), h2 @ weight.t()
+    keep = target.ne(0)
+    l1, l2 = z1.float().log_softmax(-1), z2.float().log_softmax(-1)
+    ce = [(1 - eps) * -lp.gather(1, target.unsqueeze(1)).squeeze(1) - eps * lp.mean(-1) for lp in (l1, l2)]
+    kl = (torch.nn.functional.kl_div(l2, l1, log_target=True, reduction="none")
+          + torch.nn.functional.kl_div(l1, l2, log_target=True, reduction="none")).sum(-1)  # fmt: skip
+    nll = -(l1.gather(1, target.unsqueeze(1)) + l2.gather(1, target.unsqueeze(1))).squeeze(1) / 2
+    loss = ((ce[0] + ce[1]) / 2 + alpha * kl / 4).masked_fill(~keep, 0.0).sum()
+    return loss, nll.masked_fill(~keep, 0.0).sum()
+
+
+@pytest.mark.parametrize("eps,alpha", [(0.1, 3.0), (0.0, 5.0), (0.1, 0.0)])
+@pytest.mark.parametrize("chunk", [1, 7, 1000])
+def test_projected_rdrop_equals_its_loss_from_the_full_logits(eps, alpha, chunk):
+    """The fused R-Drop loss (`train.rdrop_alpha`) and its hand-written gradients: the loss written out from the
+    two passes' logits, differentiated by autograd, for both passes' states and the output weights."""
+    torch.manual_seed(0)
+    h1 = (torch.randn(50, 16) * 2).requires_grad_()
+    h2 = (h1.detach() + torch.randn(50, 16) * 0.5).requires_grad_()  # the second dropout pass: near the first
+    weight = (torch.randn(30, 16) * 0.5).requires_grad_()
+    target = torch.randint(1, 30, (50,))
+    target[[3, 17, 49]] = 0  # <pad>: no loss, no gradient
+    loss, nll = projected_rdrop_loss(h1, h2, weight, target, eps, alpha, chunk)
+    got = torch.autograd.grad(loss * 0.37, (h1, h2, weight))
+    ref_loss, ref_nll = rdrop_by_autograd(h1, h2, weight, target, eps, alpha)
+    want = torch.autograd.grad(ref_loss * 0.37, (h1, h2, weight))
+    assert not nll.requires_grad
+    assert (loss.item(), nll.item()) == pytest.approx((ref_loss.item(), ref_nll.item()), rel=1e-5)
+    for name, a, b in zip(("h1", "h2", "weight"), got, want):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+    assert got[0][target.eq(0)].abs().max() == 0 == got[1][target.eq(0)].abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_projected_rdrop_under_autocast(dtype):
+    """Matmuls in the autocast dtype, the softmax and KL in fp32, gradients in the inputs' dtypes (fp16: formed in
+    fp32, as the plain loss's)."""
+    torch.manual_seed(0)
+    h1 = torch.randn(40, 16).requires_grad_()
+    h2 = (h1.detach() + torch.randn(40, 16) * 0.5).requires_grad_()
+    weight = (torch.randn(30, 16) * 0.5).requires_grad_()
+    target = torch.randint(1, 30, (40,))
+    with torch.autocast("cpu", dtype=dtype):
+        loss, _ = projected_rdrop_loss(h1, h2, weight, target, 0.1, 3.0, 16)
+    got = torch.autograd.grad(loss, (h1, h2, weight))
+    ref_loss, _ = rdrop_by_autograd(h1, h2, weight, target, 0.1, 3.0, dtype)
+    want = torch.autograd.grad(ref_loss, (h1, h2, weight))
+    assert loss.dtype == torch.float32 and all(g.dtype == torch.float32 for g in got)
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=2e-3)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0.05, atol=0.02)
 
 
 @pytest.mark.parametrize("skip_padding", [True, False], ids=["cpu-rows-selected", "cuda-padding-masked"])

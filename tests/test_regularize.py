@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from benchmarks.reference_loss import rdrop_loss_from_logits
 from mt.regularize import drop_target_words, rdrop_loss
 from mt.tokenizer import BOS, EOS, PAD, UNK
 from mt.training import TrainingLoss
@@ -78,6 +79,39 @@ def test_alpha_weighs_the_kl_as_the_paper_and_fairseq_do():
     q_loss = F.kl_div(q, p.exp(), reduction="none").masked_fill(pad, 0.0).sum()
     fairseq_term = alpha * (p_loss + q_loss) / 2
     torch.testing.assert_close(added[1] - added[0], fairseq_term / 2, atol=1e-4, rtol=1e-4)
+
+
+def test_fused_rdrop_gives_the_loss_and_gradients_of_the_full_logits():
+    """`rdrop_loss` (fused with the output projection, padding rows skipped) against the same loss from both passes'
+    full logits left to autograd (the trainer's before; `benchmarks/rdrop_step.py` times one against the other),
+    with the same dropout masks."""
+    model, batch = _model(0.3), _batch()
+    results = []
+    for fn in (rdrop_loss, rdrop_loss_from_logits):
+        torch.manual_seed(7)
+        loss, nll = fn(model, *batch, 0.1, 3.0)
+        results.append((loss, nll, torch.autograd.grad(loss, list(model.parameters()))))
+    (loss, nll, grads), (ref_loss, ref_nll, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(nll, ref_nll, atol=1e-4, rtol=1e-5)
+    for (name, _), a, b in zip(model.named_parameters(), grads, ref_grads):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_rdrop_on_cuda_masks_padding_in_the_loss_and_gives_the_cpus_loss_and_gradients(cuda_branches, monkeypatch):
+    """CUDA's way (padding kept and masked inside the fused loss, 8,192-row chunks) against the CPU's (padding rows
+    dropped before the output layer), with the same dropout masks."""
+    model, batch = _model(0.3), _batch()
+    torch.manual_seed(7)
+    cuda_loss, cuda_nll = rdrop_loss(model, *batch, 0.1, 3.0)
+    cuda_grads = torch.autograd.grad(cuda_loss, list(model.parameters()))
+    monkeypatch.setattr("mt.regularize.skips_padding_rows", lambda device: True)  # the CPU's way, all else CUDA's
+    torch.manual_seed(7)
+    loss, nll = rdrop_loss(model, *batch, 0.1, 3.0)
+    torch.testing.assert_close(cuda_loss, loss, atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(cuda_nll, nll, atol=1e-4, rtol=1e-5)
+    for a, b in zip(cuda_grads, torch.autograd.grad(loss, list(model.parameters()))):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 def test_the_training_loss_is_rdrops_while_training_and_the_plain_one_in_evaluation():
