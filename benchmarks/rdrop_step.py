@@ -19,7 +19,6 @@ ratio to plain.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.reference_loss import rdrop_loss_from_logits  # noqa: E402
-from benchmarks.train_precision import multi30k_batches  # noqa: E402
+from benchmarks.train_precision import multi30k_batches, print_rates  # noqa: E402
 from mt.model import Transformer  # noqa: E402
 from mt.regularize import rdrop_loss  # noqa: E402
 
@@ -79,11 +78,7 @@ def main() -> None:
         f"model {args.model}, dropout {args.dropout}, batches of <= {args.max_tokens} padded tokens, alpha {alpha}, "
         f"{args.steps} timed steps, fp32, torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
-    print(f"{'system':<24}{'target tokens/s median [min..max]':>36}{'vs plain':>10}")
-    base = statistics.median(rates["plain"])
-    for name, r in rates.items():
-        med = statistics.median(r)
-        print(f"{name:<24}{med:>14.0f} [{min(r):.0f}..{max(r):.0f}]{'':>6}{med / base:>9.2f}x")
+    print_rates(rates, "plain")
 
 
 if __name__ == "__main__":

@@ -48,6 +48,15 @@ def multi30k_batches(model: str, max_tokens: int, n: int):
     return cfg, corpus, list(BatchLoader(corpus.train.select_columns(["src_ids", "tgt_ids"]), sampler))[:n]
 
 
+def print_rates(rates: dict[str, list[float]], reference: str) -> None:
+    """The table of target tokens/s per system, median [min..max], and each median's ratio to `reference`'s."""
+    print(f"{'system':<24}{'target tokens/s median [min..max]':>36}{'vs ' + reference:>10}")
+    base = statistics.median(rates[reference])
+    for name, r in rates.items():
+        med = statistics.median(r)
+        print(f"{name:<24}{med:>14.0f} [{min(r):.0f}..{max(r):.0f}]{'':>6}{med / base:>9.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="transformer_small")
@@ -93,11 +102,7 @@ def main() -> None:
         f"model {args.model} ({n_params / 1e6:.1f}M parameters), batches of <= {args.max_tokens} padded tokens, "
         f"{args.steps} timed steps, torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
-    print(f"{'system':<24}{'target tokens/s median [min..max]':>36}{'vs fp32':>10}")
-    base = statistics.median(rates["fp32"])
-    for name, r in rates.items():
-        med = statistics.median(r)
-        print(f"{name:<24}{med:>14.0f} [{min(r):.0f}..{max(r):.0f}]{'':>6}{med / base:>9.2f}x")
+    print_rates(rates, "fp32")
 
 
 if __name__ == "__main__":
