@@ -7,6 +7,13 @@
 #   bash benchmarks/peers/fairseq/run.sh                            # 2. fairseq's row, the same host and day
 #   bash benchmarks/rematch.sh base big_d3                          # 3. this: the two tables
 #
+# Where a session is too short for all the runs on one host (7 runs of ~57 minutes), pair them instead: each
+# session runs one fairseq seed and the same seed of each recipe, one after the other, and scores that pair:
+#
+#   SEED=2 WORK=/tmp/mt-peers/fairseq.s2 bash benchmarks/peers/fairseq/run.sh
+#   SEEDS=2 bash benchmarks/recipe_trials.sh base
+#   SEEDS=2 FAIRSEQ=/tmp/mt-peers/fairseq.s2 bash benchmarks/rematch.sh base
+#
 # Runs are read from OUT (default /work/runs/trials: every NAME.sSEED of SEEDS), fairseq's outputs from FAIRSEQ
 # (default /tmp/mt-peers/fairseq: hyp.test and hyp.iwslt_test). Each run translates the IWSLT test set once
 # (OUT/NAME.sSEED/iwslt_test.hyp, with the run's own model and decode settings). Tables go to stdout and to

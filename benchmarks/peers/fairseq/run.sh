@@ -4,6 +4,7 @@
 #
 #   bash benchmarks/peers/fairseq/run.sh          # from the repo root, with the project installed (for scoring)
 #   WORK=/tmp/fsq BUDGET_MIN=6 bash benchmarks/peers/fairseq/run.sh    # a short smoke run
+#   SEED=2 WORK=/tmp/mt-peers/fairseq.s2 bash benchmarks/peers/fairseq/run.sh   # another seed (default 1)
 #
 # The recipe is fairseq's published Multi30k text-only baseline (the 41.02 anchor): the README of
 # LividWo/Revisit-MMT ("Reproduce results for Transformer-tiny": --arch transformer_tiny --share-all-embeddings
@@ -30,6 +31,8 @@ source "$HERE/../common.sh"
 VENV=$HERE/.venv
 WORK=${WORK:-/tmp/mt-peers/fairseq}
 CAL_UPDATES=${CAL_UPDATES:-100}   # the timed run, ~4 minutes here
+SEED=${SEED:-1}                   # fairseq-train --seed (issue 47's rematch pairs one fairseq seed with one of ours)
+[[ $SEED =~ ^[0-9]+$ ]] || die "SEED must be a non-negative integer, got '$SEED'"
 
 peer_venv "$VENV" fairseq-fixed==0.12.3.1 sacremoses subword-nmt
 "$VENV/bin/pip" uninstall --quiet --yes torchaudio 2> /dev/null || true
@@ -59,7 +62,7 @@ PREP_S=$(( $(date +%s) - START ))
 
 # fairseq_train SAVE_DIR LOG WARMUP STOP_HOURS MAX_UPDATE: the recipe's command with this machine's changes (header).
 fairseq_train() {
-    "$BIN/fairseq-train" "$WORK/bin" --task translation --source-lang en --target-lang de --cpu --seed 1 \
+    "$BIN/fairseq-train" "$WORK/bin" --task translation --source-lang en --target-lang de --cpu --seed "$SEED" \
         --arch transformer --share-all-embeddings \
         --encoder-layers 4 --encoder-embed-dim 128 --encoder-ffn-embed-dim 256 --encoder-attention-heads 4 \
         --decoder-layers 4 --decoder-embed-dim 128 --decoder-ffn-embed-dim 256 --decoder-attention-heads 4 \
