@@ -13,6 +13,7 @@ import os
 import pickle
 import random
 import re
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -282,10 +283,14 @@ def _numpy_globals() -> list:
 
 def _unpickle(path: Path) -> dict:
     """torch.load with `weights_only=True`: tensors, containers and the few numpy types our checkpoints hold. A
-    pickle that would call anything else (a .pt can run code when loaded) is refused before it runs."""
+    pickle that would call anything else (a .pt can run code when loaded) is refused before it runs. torch's
+    warnings while reading are held back and shown only if the file loads: on a file that is not a checkpoint
+    (random bytes that begin like a pickle) they would precede the one-line error with torch's internals."""
     try:
-        with torch.serialization.safe_globals(_numpy_globals()):
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings(record=True) as held:
+            warnings.simplefilter("always")
+            with torch.serialization.safe_globals(_numpy_globals()):
+                state = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         found = re.search(r"Unsupported global: GLOBAL ([\w.]+)|but got <class '([\w.]+)'", str(e))
         if not found:  # not a pickle at all, or a damaged one
@@ -298,6 +303,9 @@ def _unpickle(path: Path) -> dict:
         ) from None
     except Exception as e:
         raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}); it may be truncated") from None
+    for w in held:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return state
 
 
 def load(path: str | Path) -> dict:
