@@ -282,10 +282,8 @@ def _numpy_globals() -> list:
 
 
 def _unpickle(path: Path) -> dict:
-    """torch.load with `weights_only=True`: tensors, containers and the few numpy types our checkpoints hold. A
-    pickle that would call anything else (a .pt can run code when loaded) is refused before it runs. torch's
-    warnings while reading are held back and shown only if the file loads: on a file that is not a checkpoint
-    (random bytes that begin like a pickle) they would precede the one-line error with torch's internals."""
+    """torch.load with `weights_only=True`: tensors, containers and the numpy types our checkpoints hold; a pickle
+    that would call anything else is refused before it runs. torch's warnings are shown only if the file loads."""
     try:
         with warnings.catch_warnings(record=True) as held:
             warnings.simplefilter("always")
