@@ -62,6 +62,10 @@ for seed in $SEEDS; do
     done
 done
 first=$(set -- $SEEDS; echo "$1")
+if [ $# -lt 2 ]; then  # one trial (a seed of a rematch pair): its val hypotheses are written, there is no table
+    echo "$1: val hypotheses in $OUT/$1.s*/val.hyp (name two trials or more for the val table against the first)"
+    exit 0
+fi
 hyps=() names=()
 for t in "$@"; do hyps+=("$OUT/$t.s$first/val.hyp") names+=("$t"); done
 python -m mt.compare "${hyps[@]}" --refs "$M30K/val.de.gz" --names "$(IFS=,; echo "${names[*]}")" \
