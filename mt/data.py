@@ -230,7 +230,8 @@ def _load_hub(split: str, cfg: DataConfig) -> datasets.Dataset:
     return hub_to_pairs(ds, cfg.src_lang, cfg.tgt_lang, where)
 
 
-def _uses_hub(cfg: DataConfig) -> bool:
+def uses_hub(cfg: DataConfig) -> bool:
+    """Whether the corpus is read from the Hugging Face hub (or its cache), not from local files."""
     return cfg.format == "hub" or (cfg.hub_fallback and (cfg.dir is None or not Path(cfg.dir).is_dir()))
 
 
@@ -243,7 +244,7 @@ def _local_reader(cfg: DataConfig, split: str) -> Reader:
 
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
     """Load one split of the configured corpus as a Dataset of stripped `src`/`tgt` strings."""
-    if _uses_hub(cfg):
+    if uses_hub(cfg):
         return _load_hub(split, cfg)
     return generate(*_local_reader(cfg, split), TEXT_FEATURES, cfg.cache_dir)
 
@@ -259,7 +260,7 @@ class TextPairs:
     @classmethod
     def of_split(cls, cfg: DataConfig, split: str) -> TextPairs:
         where = f"{cfg.name}/{split}"
-        if _uses_hub(cfg):
+        if uses_hub(cfg):
             table = _load_hub(split, cfg)
             return cls(where, table._fingerprint, table=table)
         reader = _local_reader(cfg, split)

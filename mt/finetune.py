@@ -69,6 +69,11 @@ def load_parent(cfg: Config, run_dir: Path) -> Parent:
         log.info("train.init_optimizer: starting from %s, the weights its optimizer state belongs to", source)
     try:
         ckpt = checkpoint.load(source)
+        if cfg.train.init_optimizer and "raw_model" in ckpt:
+            # Under a weight average (train.ema_decay) "model" is the average; the moments belong to the trained
+            # weights, kept as "raw_model".
+            ckpt = {**ckpt, "model": ckpt["raw_model"]}
+            log.info("train.init_optimizer: the parent's trained weights, not its weight average")
         model, vocabs = checkpoint.build_model(ckpt)
     except checkpoint.CheckpointError as e:
         raise ConfigError(f"train.init_from: {e}") from None
@@ -137,7 +142,12 @@ def start(trainer, parent: Parent) -> None:
         if "optimizer" not in parent.ckpt:
             raise ConfigError(f"train.init_optimizer: {parent.ckpt['path']} holds no optimizer state (weights "
                               "only); give a run's checkpoint_last.pt, or train.init_optimizer=false")  # fmt: skip
+        # Only the per-parameter moments come over: this run's lr (its schedule's first step), betas, eps and
+        # weight decay stay, which load_state_dict would replace with the parent's.
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
         trainer.optimizer.load_state_dict(parent.ckpt["optimizer"])
+        for group, own in zip(trainer.optimizer.param_groups, settings):
+            group.update(own)
         for p in trainer.model.parameters():
             if not p.requires_grad:  # frozen: no state, whatever the parent had
                 trainer.optimizer.state.pop(p, None)
@@ -198,6 +208,8 @@ def report_tokenization(parent: Parent, new_pairs) -> None:
         try:
             fields = {k: v for k, v in parent_data.items() if k in DataConfig.__dataclass_fields__}
             dc = DataConfig(**{**fields, "corpora": [], "directions": []})
+            if data.uses_hub(dc):  # 2,000 pairs are not worth loading (maybe downloading) a hub dataset's split
+                raise data.DataError(f"a hub dataset, {dc.hub_name}, not read for a comparison")
             own = tokenization(parent.vocabs, data.TextPairs.of_split(dc, dc.train_split))
         except (data.DataError, TypeError, OSError) as e:
             log.info("the parent's training data is not readable here (%s); no comparison", str(e)[:120])

@@ -82,6 +82,57 @@ def test_init_optimizer_carries_the_moments_over(toy_run, domain, tmp_path):
         finetuning(toy_run / "checkpoint_best.pt", domain, tmp_path / "ft2", init_optimizer=True)
 
 
+def test_init_optimizer_keeps_this_runs_hyperparameters_and_schedule(toy_run, domain, tmp_path):
+    """Only the moments come over. Before: load_state_dict put the parent's betas (0.9, 0.98), eps 1e-9, weight
+    decay 0 and its last learning rate into the new run, which took update 1 at the parent's lr, not warm-up's."""
+    trainer, _ = finetuning(toy_run, domain, tmp_path / "ft", init_optimizer=True, betas=[0.8, 0.9], adam_eps=1e-6,
+                            weight_decay=0.01, warmup=50, warmup_init_lr=1e-6, lr=2e-3, max_updates=1)  # fmt: skip
+    parent = checkpoint.load(toy_run / "checkpoint_last.pt")["optimizer"]
+    assert parent["param_groups"][0]["betas"] == (0.9, 0.98) and parent["param_groups"][0]["lr"] > 1e-4
+    for group in trainer.optimizer.param_groups:
+        assert group["betas"] == (0.8, 0.9) and group["eps"] == 1e-6 and group["weight_decay"] == 0.01
+        assert group["lr"] < 5e-5  # warm-up's first step (4.1e-5 on the way to 2e-3)
+    state = trainer.optimizer.state_dict()["state"]
+    assert state and all(torch.equal(state[k]["exp_avg"], parent["state"][k]["exp_avg"]) for k in state)
+    assert trainer.fit(job_start=0) == "max_updates"
+    assert trainer.optimizer.param_groups[0]["lr"] < 1e-4  # the schedule's second step, still warming up
+
+
+def test_init_optimizer_starts_from_the_trained_weights_under_a_weight_average(domain, tmp_path):
+    """A parent trained with train.ema_decay saves the average as "model" and the trained weights as "raw_model";
+    the moments belong to the latter. Before: the fine-tuning run started from the average with the moments of the
+    trained weights."""
+    from tests.test_training import make_trainer
+
+    parent_dir = tmp_path / "parent"
+    make_trainer(write_toy_corpus(tmp_path / "corpus"), parent_dir, max_updates=12, max_epochs=3, lr=5e-3,
+                 ema_decay=0.9).fit(job_start=0)  # fmt: skip
+    saved = checkpoint.load(parent_dir / "checkpoint_last.pt")
+    assert any(not torch.equal(saved["model"][k], saved["raw_model"][k]) for k in saved["raw_model"])
+    trainer, parent = finetuning(parent_dir, domain, tmp_path / "ft", init_optimizer=True)
+    weights = trainer.model.state_dict()
+    assert all(torch.equal(weights[k], saved["raw_model"][k]) for k in saved["raw_model"])
+    plain, _ = finetuning(parent_dir, domain, tmp_path / "ft2")  # without the moments: the average, as before
+    assert not all(torch.equal(plain.model.state_dict()[k], saved["raw_model"][k]) for k in saved["raw_model"])
+
+
+def test_the_tokenization_report_reads_no_hub_dataset_of_the_parent(toy_run, monkeypatch, caplog):
+    """Before: a parent trained on a hub dataset had its whole training split loaded (downloaded, where it was not
+    cached) to compare 2,000 pairs. Now the comparison is skipped with a line."""
+    import logging
+
+    from mt import data
+
+    parent = finetune.load_parent(make_config(toy_run, toy_run.parent / "x", init_from=str(toy_run)), toy_run.parent)
+    hub = {**parent.ckpt["config"]["data"], "format": "hub", "hub_name": "bentrevett/multi30k"}
+    parent.ckpt = {**parent.ckpt, "config": {**parent.ckpt["config"], "data": hub}}
+    loaded = []
+    monkeypatch.setattr(data, "_load_hub", lambda *a, **k: loaded.append(a) or datasets.Dataset.from_dict({}))
+    with caplog.at_level(logging.INFO, logger="mt.finetune"):
+        finetune.report_tokenization(parent, [("the cat", "cat the")])
+    assert loaded == [] and "bentrevett/multi30k, not read for a comparison" in caplog.text
+
+
 def test_the_same_command_resumes_a_finetuning_run_exactly(toy_run, domain, tmp_path):
     straight, _ = finetuning(toy_run, domain, tmp_path / "a", max_updates=16)
     straight.fit(job_start=0)
