@@ -9,9 +9,12 @@ from the banks in turn, the best of the fullest bank first ("stripes": the best 
 best of every bank, ...), so that hypotheses that have met more constraints survive next to higher-scoring ones that
 have met fewer. A hypothesis may end only when it has met all its constraints.
 
-A phrase is met as whole words: given the vocabulary's word boundaries (tokens that begin a word, punctuation,
-</s>), a phrase counts only once the token after it is one, so "Zaun" is not met by "Zauns" or "Zaunpfahl" (a
-subword model would otherwise complete the phrase's tokens and go on inside the same word). A line whose
+A phrase is met wherever its tokens occur in the output, also inside or overlapping another phrase: ["cat",
+"cat dog"] and ["dog", "cat dog"] are both met by "cat dog" (a phrase given twice must occur twice); ordered
+phrases must occur one after the other, without overlapping (["cat dog", "dog"] needs "cat dog ... dog"). A phrase is met as whole words: given the vocabulary's word
+boundaries (tokens that begin a word, punctuation, </s>), a phrase counts only once the token after it is one, so
+"Zaun" is not met by "Zauns" or "Zaunpfahl" (a subword model would otherwise complete the phrase's tokens and go
+on inside the same word). A line whose
 constraints no hypothesis meets within its length limit is translated again without them (the caller warns:
 `count_met` counts what each output holds).
 
@@ -90,13 +93,17 @@ class Constraints:
     def _advance(self, state: State, token: int) -> State:
         need, progress = state
         seq = progress + (token,)
-        for start in range(len(seq)):  # the longest ending of seq that completes an active phrase
-            part = seq[start:]
-            j = next((j for j, (p, n) in enumerate(zip(self.phrases, need)) if n and len(p) == len(part)
-                      and self._matches(p, part) and p in self.active(need)), None)  # fmt: skip
-            if j is not None:
-                need = need[:j] + (0,) + need[j + 1 :]
+        # Unordered, every phrase that ends here is met, one inside or overlapping another too (`progress` is the
+        # longest ending that begins a phrase, so it holds every shorter one), a phrase given twice once per place;
+        # ordered, the one active phrase.
+        met_here: set[tuple[int, ...]] = set()
+        while not (self.ordered and met_here):
+            j = next((j for j, (p, n) in enumerate(zip(self.phrases, need)) if n and p not in met_here
+                      and len(p) <= len(seq) and self._matches(p, seq[len(seq) - len(p) :])
+                      and p in self.active(need)), None)  # fmt: skip
+            if j is None:
                 break
+            need, met_here = need[:j] + (0,) + need[j + 1 :], met_here | {self.phrases[j]}
         active = self.active(need)
         for start in range(len(seq) + 1):  # the longest ending of seq that begins an active phrase: still going
             part = seq[start:]

@@ -82,17 +82,31 @@ def split_line(line: str, lang: str, splitter: Callable[[str, str], list[str]] =
 def cut_long(sentence: str, n_tokens: Callable[[str], int], limit: int) -> list[str]:
     """`sentence` as pieces of at most `limit` tokens, cut after the last clause boundary that fits (else the last
     space that fits, else the last character); pieces keep their punctuation, and joined with single spaces they
-    give back the sentence's words."""
+    give back the sentence's words. Each cut looks only at a window of the rest a few times a piece's length, so
+    the work grows with the sentence's length, not with its square."""
     pieces, rest = [], sentence
-    while n_tokens(rest) > limit:
-        cut = _last_fitting([m.end() for m in CLAUSE_END.finditer(rest)], rest, n_tokens, limit)
+    while (window := _over_limit(rest, n_tokens, limit)) is not None:
+        cut = _last_fitting([m.end() for m in CLAUSE_END.finditer(window)], window, n_tokens, limit)
         if cut is None:
-            cut = _last_fitting([m.end() for m in re.finditer(r"\s+", rest)], rest, n_tokens, limit)
+            cut = _last_fitting([m.end() for m in re.finditer(r"\s+", window)], window, n_tokens, limit)
         if cut is None:
-            cut = _last_fitting(list(range(1, len(rest))), rest, n_tokens, limit) or 1
+            cut = _last_fitting(list(range(1, len(window))), window, n_tokens, limit) or 1
         pieces.append(rest[:cut].strip())
         rest = rest[cut:].strip()
     return [*pieces, rest] if rest else pieces
+
+
+def _over_limit(text: str, n_tokens: Callable[[str], int], limit: int) -> str | None:
+    """A beginning of `text` of over `limit` tokens, as short as doubling from 8 characters a token finds; None when
+    all of `text` fits."""
+    size = 8 * limit
+    while True:
+        head = text[:size]
+        if n_tokens(head) > limit:
+            return head
+        if size >= len(text):
+            return None
+        size *= 2
 
 
 def _last_fitting(cuts: list[int], text: str, n_tokens: Callable[[str], int], limit: int) -> int | None:
