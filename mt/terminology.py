@@ -26,19 +26,26 @@ from mt.tokenizer import UNK, Vocab
 log = logging.getLogger(__name__)
 
 
+def fold(text: str) -> str:
+    """The form in which `glossary_ignore_case` compares terms and text: Unicode case folding, with the dotted
+    capital I (U+0130, which folds to "i" and a combining dot) folded to "i" as Turkish and Azeri lowercase it. The
+    dotless "ı" stays a letter of its own ("sıt" is not "sit"), unlike in `re.IGNORECASE`."""
+    return text.casefold().replace("i\u0307", "i")
+
+
 class Glossary:
     """Source term -> target term. A term matches as whole words (not inside a longer word), the longest term first
-    where two overlap; with `ignore_case`, whatever the case of the text."""
+    where two overlap; with `ignore_case`, terms and text are compared in their `fold`ed forms (the pattern is
+    matched against the folded line, so a match is always one of the keys)."""
 
     def __init__(self, terms: dict[str, str], ignore_case: bool = False):
         self.ignore_case = ignore_case
         self.terms = {self._key(s): t for s, t in terms.items()}
-        alternatives = "|".join(re.escape(s) for s in sorted(terms, key=len, reverse=True))
-        flags = re.IGNORECASE if ignore_case else 0
-        self.pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", flags) if terms else None
+        alternatives = "|".join(re.escape(s) for s in sorted(self.terms, key=len, reverse=True))
+        self.pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)") if terms else None
 
     def _key(self, term: str) -> str:
-        return term.casefold() if self.ignore_case else term
+        return fold(term) if self.ignore_case else term
 
     def __len__(self) -> int:
         return len(self.terms)
@@ -60,11 +67,15 @@ class Glossary:
 
     @classmethod
     def from_pairs(cls, pairs: list[tuple[str, str, str]], ignore_case: bool = False) -> Glossary:
-        """From (source, target, where) triples; a source term given two different targets is a one-line error."""
+        """From (source, target, where) triples; an empty term, or a source term given two different targets, is a
+        one-line error naming `where`."""
         terms: dict[str, str] = {}
         seen: dict[str, tuple[str, str]] = {}
         for src, tgt, where in pairs:
-            key = src.casefold() if ignore_case else src
+            src, tgt = src.strip(), tgt.strip()
+            if not src or not tgt:  # an empty source term would match between any two non-word characters
+                raise ConfigError(f"{where}: an empty {'source' if not src else 'target'} term; give both terms")
+            key = fold(src) if ignore_case else src
             if key in seen and seen[key][0] != tgt:
                 raise ConfigError(f"{where}: {src!r} is translated {tgt!r} here but {seen[key][0]!r} at "
                                   f"{seen[key][1]}; keep one")  # fmt: skip
@@ -73,15 +84,18 @@ class Glossary:
         return cls(terms, ignore_case)
 
     def merged(self, other: Glossary) -> Glossary:
-        """This glossary with `other`'s terms on top (a request's terms over the server's)."""
-        terms = {s: t for s, t in self.terms.items() if self._key(s) not in {self._key(o) for o in other.terms}}
-        return Glossary({**terms, **other.terms}, self.ignore_case or other.ignore_case)
+        """This glossary with `other`'s terms on top (a request's terms over the server's); linear in the terms. The
+        result ignores case if either does."""
+        ignore_case = self.ignore_case or other.ignore_case
+        key = fold if ignore_case else (lambda term: term)
+        return Glossary({**{key(s): t for s, t in self.terms.items()}, **{key(s): t for s, t in other.terms.items()}},
+                        ignore_case)  # fmt: skip
 
     def find(self, line: str) -> list[str]:
         """The target terms of the source terms in `line`, in order of first occurrence, each once."""
         if self.pattern is None:
             return []
-        found = (self.terms[self._key(m.group(0))] for m in self.pattern.finditer(line))
+        found = (self.terms[m.group(0)] for m in self.pattern.finditer(self._key(line)))
         return list(dict.fromkeys(found))
 
 
@@ -136,6 +150,7 @@ def line_constraints(
     the line."""
     if phrases is None and glossary is None:
         return None
+    check_search(decode, where)  # whatever the lines hold: a glossary's fate must not depend on the text
     if phrases is not None and len(phrases) != len(lines):
         raise ConfigError(f"{where}: {len(phrases)} lines of constraints for {len(lines)} input lines; one per line")
     per_line = []
@@ -149,7 +164,6 @@ def line_constraints(
         per_line.append(list(dict.fromkeys(own + terms)) if line else [])
     if not any(per_line):
         return None
-    check_search(decode, where)
     flat = [p for ps in per_line for p in ps]
     ids = iter(vocab.encode_batch(flat))
     out = []
