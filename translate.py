@@ -55,6 +55,8 @@ def main(dcfg: DictConfig) -> None:
                                      cfg.tgt_lang)  # fmt: skip
         translator.target_id()  # a multilingual model without tgt_lang: the one-line error before reading input
         translator.glossary = glossary_of(cfg)
+        if cfg.glossary or cfg.constraints:  # refused now, not at the first line that holds a term
+            translator.check_terms(d, f"glossary={cfg.glossary}" if cfg.glossary else f"constraints={cfg.constraints}")
         if cfg.references or cfg.plot_attention:  # these need the whole input
             translate_whole(cfg, translator)
         else:

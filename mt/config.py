@@ -262,8 +262,10 @@ class ServeConfig:
     # batch_tokens source tokens.
     batch_wait_ms: float = 5.0
     batch_tokens: int = 4000
+    batch_rows: int = 512  # decoder rows (sentences x beam or samples) one decode step holds at most
     # Per request: larger ones get a 413 with a one-line error.
-    max_sentences: int = 64
+    max_sentences: int = 64  # counted after "split": true splits the lines into sentences
+    max_glossary_terms: int = 1000  # terms in a request's own "glossary"
     max_request_tokens: int = 4000  # source tokens, counted before lines are cut to the model's positions
     max_beam: int = 16
     max_body_bytes: int = 1_000_000  # a larger request body is refused (413) before it is read to the end
@@ -302,8 +304,9 @@ def to_dataclass(cfg: DictConfig) -> Any:
     elif isinstance(obj, ServeConfig):
         validate_decode(obj.decode)
         _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
-        for key in ("batch_tokens", "max_sentences", "max_request_tokens", "max_beam", "max_body_bytes",
-                    "max_output_tokens", "max_queue_tokens", "request_timeout_s"):  # fmt: skip
+        for key in ("batch_tokens", "batch_rows", "max_sentences", "max_glossary_terms", "max_request_tokens",
+                    "max_beam", "max_body_bytes", "max_output_tokens", "max_queue_tokens",
+                    "request_timeout_s"):  # fmt: skip
             if getattr(obj, key) < 1:
                 raise ConfigError(f"{key}={getattr(obj, key)} is below its minimum 1; fix the override")
         for key in ("requests_per_minute", "tokens_per_minute"):

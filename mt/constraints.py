@@ -11,8 +11,9 @@ have met fewer. A hypothesis may end only when it has met all its constraints.
 
 A phrase is met wherever its tokens occur in the output, also inside or overlapping another phrase: ["cat",
 "cat dog"] and ["dog", "cat dog"] are both met by "cat dog" (a phrase given twice must occur twice); ordered
-phrases must occur one after the other, without overlapping (["cat dog", "dog"] needs "cat dog ... dog"). A phrase is met as whole words: given the vocabulary's word
-boundaries (tokens that begin a word, punctuation, </s>), a phrase counts only once the token after it is one, so
+phrases must occur one after the other, without overlapping (["cat dog", "dog"] needs "cat dog ... dog"). A phrase
+is met as whole words: given the vocabulary's word boundaries (tokens that begin a word, punctuation, </s>), a
+phrase counts only once the token after it is one, so
 "Zaun" is not met by "Zauns" or "Zaunpfahl" (a subword model would otherwise complete the phrase's tokens and go
 on inside the same word). A line whose
 constraints no hypothesis meets within its length limit is translated again without them (the caller warns:

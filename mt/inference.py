@@ -157,6 +157,26 @@ def encode_within_positions(vocabs: Vocabs, lines: list[str], limit: int, first_
     return src_ids
 
 
+class Stopped(Exception):
+    """A decode stopped because no one waits for its answer any more (the server's clients went or timed out)."""
+
+
+class Stoppable:
+    """`model`, but its `decode` first asks `stop()` and raises `Stopped` when told to: a search over it ends at its
+    next step (the constrained search's plain second pass too), whatever the search."""
+
+    def __init__(self, model, stop):
+        self._model, self._stop = model, stop
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def decode(self, *args, **kwargs):
+        if self._stop():
+            raise Stopped
+        return self._model.decode(*args, **kwargs)
+
+
 def decode_ids(
     model,
     src_ids: list[list[int]],
@@ -166,14 +186,20 @@ def decode_ids(
     prefixes: list[list[int]] | None = None,
     line_numbers: list[int] | None = None,
     constraints: list[Constraints] | None = None,
+    stop=None,
 ) -> list[list[Hypothesis]]:
     """Hypotheses for token-id sources with this project's search, or CTranslate2's for an export (see
-    `mt.evaluation.translate_ids` for `prefixes`, `line_numbers` and `constraints`)."""
+    `mt.evaluation.translate_ids` for `prefixes`, `line_numbers` and `constraints`). `stop()`: asked before each
+    decoder step (CTranslate2: before the batch), `Stopped` raised when it says so."""
     if isinstance(model, CTranslate2Model):
         if constraints is not None:
             raise ConfigError("constraints and glossaries need this project's search: CTranslate2 has no constrained "
                               "beam search; give the run dir or release instead of the CTranslate2 export")  # fmt: skip
+        if stop is not None and stop():
+            raise Stopped
         return model.translate_ids(src_ids, cfg, prefixes)
+    if stop is not None:
+        model = Stoppable(model, stop)
     return translate_ids(model, src_ids, cfg, device, amp, prefixes, line_numbers, constraints)
 
 

@@ -43,7 +43,7 @@ from mt.inference import (
 from mt.runtime import autocast, pick_device
 from mt.search import Hypothesis, output_cap
 from mt.segment import Document, refuse_with_split, split_document, split_sentences, whole_line
-from mt.terminology import Glossary, Tally, check, line_constraints
+from mt.terminology import Glossary, Tally, check, check_search, line_constraints
 from mt.tokenizer import PAD
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,16 @@ class Translator:
             translator.target_id(tgt_lang)  # an unknown language fails now, before any input is read
         translator.tgt_lang = tgt_lang
         return translator
+
+    def check_terms(self, decode: DecodeConfig, where: str) -> None:
+        """What constraints and glossaries need, checked once before any text is read (never only when a line
+        happens to hold a term): this project's search, not a CTranslate2 export, and a beam; else a one-line
+        ConfigError naming `where`."""
+        if isinstance(self.model, CTranslate2Model):
+            raise ConfigError(f"{where}: constraints and glossaries need this project's search: CTranslate2 has no "
+                              "constrained beam search; give the run dir or release instead of the CTranslate2 "
+                              "export")  # fmt: skip
+        check_search(decode, where)
 
     def target_id(self, tgt_lang: str | None = None) -> int | None:
         """The <2xx> token to put before the sources: None for a bilingual model; for a multilingual one,
@@ -220,6 +230,8 @@ class Translator:
         each translation must contain, and those of `glossary` (default: the translator's) found in the line
         (mt/terminology.py), counted in `tally`."""
         decode, tally = decode or self.decode, tally or Tally()
+        if constraints is not None or glossary is not None or self.glossary is not None:
+            self.check_terms(decode, constraints_where)
         src_ids = self.encode_sources(lines, tgt_lang, first_line)
         prefix_ids = self.encode_prefixes(prefixes, src_ids, decode, where, first_line)
         rules = line_constraints(self.vocabs.tgt, lines, constraints, glossary or self.glossary, decode,

@@ -200,9 +200,11 @@ def _constraints(text: str, *args: str):
     return setup
 
 
-def _glossary(text: str):
+def _glossary(text: str, *args: str, stdin: str | None = None):
+    """A glossary file of `text`; decoded with beam 2 unless `args` say otherwise (the finished run is greedy)."""
+
     def setup(c, r, t):
-        return [f"checkpoint={r}", f"glossary={write(t / 'g.tsv', text)}", "decode.beam_size=2"], None
+        return [f"checkpoint={r}", f"glossary={write(t / 'g.tsv', text)}", *(args or ["decode.beam_size=2"])], stdin
 
     return setup
 
@@ -211,6 +213,13 @@ def _constraints_ct2(c, r, t):
     p = run(["-m", "mt.export", "ctranslate2", str(r), str(t / "ct2")])
     assert p.returncode == 0, p.stderr.decode()[-2000:]
     return [f"checkpoint={t / 'ct2'}", f"constraints={write(t / 'cons.txt', 'house')}", "decode.beam_size=2"], None
+
+
+def _glossary_ct2(c, r, t):
+    p = run(["-m", "mt.export", "ctranslate2", str(r), str(t / "ct2")])
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    glossary = write(t / "g.tsv", "dog\tHund\n")
+    return [f"checkpoint={t / 'ct2'}", f"glossary={glossary}", "decode.beam_size=2"], None
 
 
 HELD: list = []  # sockets kept open while the row runs
@@ -364,6 +373,28 @@ ROWS = [
     ("glossary_missing", "translate", _args(CK, "glossary=/nonexistent/g.tsv"), "glossary=/nonexistent/g.tsv: no such"),
     ("glossary_without_tab", "translate", _glossary("dog Hund\n"), "g.tsv:1: expected 'source term<TAB>target term'"),
     ("glossary_two_translations", "translate", _glossary("dog\tHund\ndog\tRüde\n"), "g.tsv:2: 'dog' is translated"),
+    (
+        "glossary_ignore_case_two_translations",
+        "translate",
+        _glossary("istanbul\tIstanbul\nİSTANBUL\tX\n", "decode.beam_size=2", "glossary_ignore_case=true"),
+        "g.tsv:2: 'İSTANBUL' is translated 'X' here but 'Istanbul'",
+    ),
+    ("glossary_empty_source_term", "translate", _glossary("\tHaus\n"), "g.tsv:1: expected 'source term<TAB>target"),
+    (  # refused before the first line (before: line 1 translated, then exit 2 at the line holding a term)
+        "glossary_with_greedy_search",
+        "translate",
+        _glossary("dog\tHund\n", "decode.beam_size=1", "stream_lines=1", stdin="a cat\nthe dog\n"),
+        "constraints need decode.beam_size >= 2",
+    ),
+    ("glossary_greedy_server", "serve", _glossary("dog\tHund\n", "port=0"), "constraints need decode.beam_size >= 2"),
+    ("glossary_with_ctranslate2", "serve", _glossary_ct2, "CTranslate2 has no constrained beam search"),
+    (
+        "max_glossary_terms_zero",
+        "serve",
+        _args(CK, "max_glossary_terms=0"),
+        "max_glossary_terms=0 is below its minimum",
+    ),
+    ("batch_rows_zero", "serve", _args(CK, "batch_rows=0"), "batch_rows=0 is below its minimum 1"),
     ("split_with_nbest", "translate", _args(CK, "split=true", "decode.nbest=2", "decode.beam_size=2"), "split=true: a"),
     ("split_with_plot", "translate", _args(CK, "split=true", "plot_attention=/tmp/a.png"), "unset split"),
     ("sampling_with_beam", "translate", _args(CK, "decode=sample", "decode.beam_size=4"), "decode.beam_size=1, not 4"),
@@ -378,7 +409,8 @@ ROWS = [
         "api_keys=/nonexistent/keys.txt: no such",
     ),
     ("api_keys_spaces", "serve", _keys("# team\nalice: two words\n"), "keys.txt line 2: a key is one word"),
-    ("api_keys_twice", "serve", _keys("a:k1k1k1k1\nb:k1k1k1k1\n"), "keys.txt line 2: this key is given twice"),
+    ("api_keys_twice", "serve", _keys("a:k1k1k1k1k1k1k1k1\nb:k1k1k1k1k1k1k1k1\n"), "keys.txt line 2: this key is"),
+    ("api_keys_short", "serve", _keys("alice:s3cr3t:xy\n"), "keys.txt line 1: a key of 9 characters, shorter than 16"),
     ("api_keys_empty", "serve", _keys("# nobody yet\n"), "keys.txt: no keys in it"),
     ("requests_per_minute_negative", "serve", _args(CK, "requests_per_minute=-1"), "requests_per_minute=-1: give"),
     ("tokens_per_minute_negative", "serve", _args(CK, "tokens_per_minute=-5"), "tokens_per_minute=-5: give"),

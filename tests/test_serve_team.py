@@ -47,7 +47,7 @@ def _app(toy, keys=None, models=None, **serve):
     return create_app(models, cfg, {"model": "toy", "src_lang": "xx", "tgt_lang": "yy"}, keys=keys), cfg
 
 
-def _keys(tmp_path, text="alice:key-of-alice-123\nbob:key-of-bob-4567\n"):
+def _keys(tmp_path, text="alice:key-of-alice-123\nbob:key-of-bob-45678\n"):
     path = tmp_path / "keys.txt"
     path.write_text(text)
     return path, ApiKeys(str(path))
@@ -76,14 +76,15 @@ def test_keys_401_without_or_with_a_wrong_key_and_a_revoked_key_stops_working(to
         good = client.post("/translate", json={"src": [LINE]}, headers={"authorization": "Bearer key-of-alice-123"})
         assert good.status_code == 200
         assert (
-            client.post("/translate", json={"src": [LINE]}, headers={"x-api-key": "key-of-bob-4567"}).status_code == 200
+            client.post("/translate", json={"src": [LINE]}, headers={"x-api-key": "key-of-bob-45678"}).status_code
+            == 200
         )
-        assert client.get("/info", headers={"x-api-key": "key-of-bob-4567"}).json()["api_keys"] is True
+        assert client.get("/info", headers={"x-api-key": "key-of-bob-45678"}).json()["api_keys"] is True
         for open_route in ("/health", "/metrics", "/"):
             assert client.get(open_route).status_code == 200
         path.write_text("alice:key-of-alice-123\n")  # bob revoked
         keys.looked -= 2  # (the file is looked at no more than once a second)
-        r = client.post("/translate", json={"src": [LINE]}, headers={"x-api-key": "key-of-bob-4567"})
+        r = client.post("/translate", json={"src": [LINE]}, headers={"x-api-key": "key-of-bob-45678"})
         assert r.status_code == 401
         path.write_text("alice key with spaces\n")  # a broken file keeps the keys there were
         keys.looked -= 2
@@ -97,12 +98,43 @@ def test_keys_401_without_or_with_a_wrong_key_and_a_revoked_key_stops_working(to
     assert "key-of-" not in logged  # names only, never keys
 
 
+def test_a_key_file_splits_at_the_first_colon_and_refuses_short_keys_without_printing_them(tmp_path):
+    """Before: "alice:s3cr3t:xy" made the two-character key "xy" and the name "alice:s3cr3t", which the access log
+    then printed. Now a name ends at the first colon (a key may hold colons) and a key under 16 characters is
+    refused at load, naming the line and never the key."""
+    from mt.config import ConfigError
+    from mt.serve.access import read_keys
+
+    path = tmp_path / "keys.txt"
+    path.write_text("# team\nalice:s3cr3t:xy\n")
+    with pytest.raises(ConfigError, match=r"keys.txt line 2: a key of 9 characters, shorter than 16") as e:
+        read_keys(path)
+    assert "s3cr3t" not in str(e.value)
+    path.write_text("alice:s3cr3t:0123456789abcdef\n0123456789abcdefg\n")
+    keys = read_keys(path)
+    assert set(keys) == {"alice", "line 2"}
+    api = ApiKeys(str(path))
+    assert api.name_of("s3cr3t:0123456789abcdef") == "alice" and api.name_of("0123456789abcdef") is None
+
+
+def test_the_access_log_escapes_what_a_caller_sends(toy, caplog):
+    """Before: uvicorn hands the path over percent-decoded, and "/%0A..." wrote a forged second line (caller
+    "admin", status 200); an ESC would drive a terminal. Now control characters are escaped in every field."""
+    app, _ = _app(toy)
+    forged = "/%0A2026-01-01T00:00:00Z%20admin%20127.0.0.1%20%22POST%20/translate%22%20200%1B[2J"
+    with TestClient(app) as client, caplog.at_level("INFO", logger="mt.access"):
+        assert client.get(forged).status_code == 404
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "mt.access"]
+    assert "\n" not in line and "\x1b" not in line and line.count(" 404 ") == 1
+    assert '"GET /\\x0a2026-01-01T00:00:00Z admin 127.0.0.1 "POST /translate" 200\\x1b[2J" 404' in line
+
+
 def test_rate_limits_429_with_retry_after_per_caller_then_recovery(toy, tmp_path, monkeypatch):
     import limits.storage.memory
 
     _, keys = _keys(tmp_path)
     app, _ = _app(toy, keys, requests_per_minute=2, tokens_per_minute=1000)
-    alice, bob = {"x-api-key": "key-of-alice-123"}, {"x-api-key": "key-of-bob-4567"}
+    alice, bob = {"x-api-key": "key-of-alice-123"}, {"x-api-key": "key-of-bob-45678"}
     with TestClient(app) as client:
         assert [client.post("/translate", json={"src": [LINE]}, headers=alice).status_code for _ in range(2)] == [
             200
@@ -131,8 +163,8 @@ def test_metrics_parse_and_count_requests_sentences_tokens_and_refusals(toy, tmp
     model, vocabs = toy
     with TestClient(app) as client:
         before = _metrics(client)
-        labels = (("engine", ""), ("model", "default"), ("path", "toy"), ("src_lang", "xx"), ("tgt_lang", "yy"))
-        assert before[("mt_model_info", labels)] == 1
+        labels = (("engine", ""), ("model", "default"), ("src_lang", "xx"), ("tgt_lang", "yy"))
+        assert before[("mt_model_info", labels)] == 1  # no checkpoint path: /metrics needs no key (/info has it)
         batches = [[LINE, "a big red house"], ["the dog runs"]]
         for src in batches:
             assert client.post("/translate", json={"src": src}, headers=alice).status_code == 200

@@ -407,3 +407,162 @@ def test_constraints_glossary_and_split_over_http(served):
     ):
         r = client.post("/translate", json={"src": ["the cat sees a dog"], **body})
         assert r.status_code == 422 and message in r.json()["error"], r.json()
+
+
+# ------------------------------------------------------------------ hostile and unlucky requests (issue 63)
+
+
+def _glossary_client(toy_vocab, server_terms: int = 0, **serve):
+    """A TestClient over a toy model decoded with beam 2, with a server glossary of `server_terms` terms."""
+    from mt.terminology import Glossary
+
+    pairs, vocabs = toy_vocab
+    cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=2), batch_wait_ms=1, **serve)
+    translator = Translator(train_tiny(vocabs, pairs), vocabs, cfg.decode, torch.device("cpu"), None, {})
+    if server_terms:
+        translator.glossary = Glossary({f"server{i}": f"S{i}" for i in range(server_terms)})
+    return TestClient(create_app(translator, cfg, {}))
+
+
+def test_a_large_request_glossary_holds_up_no_one(toy_vocab):
+    """Before: merging a 20,000-term request glossary into a 4,000-term server glossary took 9 s on the event loop,
+    and a /health sent meanwhile waited for all of it. Now the merge is linear and runs in a thread, and a request
+    over max_glossary_terms is a 413 naming the cap."""
+    import time
+
+    terms = {f"word{i}": f"W{i}" for i in range(20_000)}
+    with _glossary_client(toy_vocab, server_terms=4_000, max_glossary_terms=20_000) as client:
+        with ThreadPoolExecutor(1) as pool:
+            big = pool.submit(client.post, "/translate", json={"src": ["the cat sees a dog"], "glossary": terms})
+            time.sleep(0.3)  # the request is being read and prepared
+            start = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            health = time.perf_counter() - start
+            assert big.result(timeout=60).status_code == 200
+        assert health < 1.0, f"/health took {health:.2f} s beside a large glossary"
+    with _glossary_client(toy_vocab, max_glossary_terms=100) as client:
+        r = client.post("/translate", json={"src": ["the cat"], "glossary": {f"w{i}": "x" for i in range(101)}})
+        assert r.status_code == 413 and r.json()["error"].startswith("glossary: 101 terms, more than max_glossary")
+
+
+def test_a_request_that_fails_its_decode_fails_alone(toy_vocab, monkeypatch):
+    """Before: the worker set one request's exception on every request batched with it (500s for all, tracebacks
+    in the log). Now the batch is decoded again request by request: the innocent ones get their translations, the
+    one that cannot be decoded its own 422 (what its settings cannot do) or 500 (a fault, no internals)."""
+    import mt.serve.app as server
+    from mt.config import ConfigError
+
+    pairs, vocabs = toy_vocab
+    poison = {tuple(vocabs.src.encode("red red red")): ConfigError("decode: red three times is refused here"),
+              tuple(vocabs.src.encode("tree tree tree")): RuntimeError("/secret/path: a fault")}  # fmt: skip
+
+    def failing(original):
+        def decode(model, src_ids, *args, **kwargs):
+            for ids in src_ids:
+                if tuple(ids) in poison:
+                    raise poison[tuple(ids)]
+            return original(model, src_ids, *args, **kwargs)
+
+        return decode
+
+    monkeypatch.setattr(server, "decode_ids", failing(server.decode_ids))
+    model = train_tiny(vocabs, pairs)
+    cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=1), batch_wait_ms=300)
+    translator = Translator(model, vocabs, cfg.decode, torch.device("cpu"), None, {})
+    bodies = [{"src": ["the cat sees a dog", "a dog"]}, {"src": ["red red red"]},
+              {"src": ["big house", "tree tree tree"]}, {"src": ["a small tree"]}]  # fmt: skip
+    with TestClient(create_app(translator, cfg, {})) as client:
+        with ThreadPoolExecutor(len(bodies)) as pool:
+            answers = list(pool.map(lambda b: client.post("/translate", json=b), bodies))
+        assert client.app.state.batcher.batches >= 2  # (the first batch failed, then each request alone)
+    assert [r.status_code for r in answers] == [200, 422, 500, 200]
+    for body, r in zip(bodies[::3], answers[::3]):
+        alone = decode_ids(model, vocabs.src.encode_batch(body["src"]), cfg.decode, torch.device("cpu"), None)
+        assert r.json()["translations"] == vocabs.tgt.decode_batch([h[0].tokens for h in alone])
+    assert answers[1].json() == {"error": "decode: red three times is refused here"}
+    assert answers[2].json() == {"error": "decoding failed; the error is in the server's log"}
+
+
+def test_what_a_model_cannot_do_is_refused_before_the_queue(toy_vocab, tmp_path):
+    """A CTranslate2 export has no constrained search: a request with constraints or a glossary is a 422 before it
+    is queued (before: a 500 from the worker, with its batch-mates); a glossary on a server whose requests decode
+    greedily or by sampling is a 422 whatever the text holds (before: 200 without a term, 422 with one)."""
+    from mt.ct2 import CTranslate2Model
+
+    pairs, vocabs = toy_vocab
+    cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=2))
+    export = CTranslate2Model.__new__(CTranslate2Model)  # what check_terms looks at: the engine, not its files
+    with TestClient(create_app(Translator(export, vocabs, cfg.decode, torch.device("cpu"), None, {}), cfg)) as client:
+        for extra in ({"constraints": [["house"]]}, {"glossary": {"dog": "house"}}):
+            r = client.post("/translate", json={"src": ["the cat"], **extra})
+            assert r.status_code == 422 and "CTranslate2 has no constrained beam search" in r.json()["error"]
+        assert client.app.state.batcher.requests == 0 and client.app.state.batcher.queued_tokens == 0
+    with _glossary_client(toy_vocab, server_terms=3) as client:
+        for text in ("the cat", "the server1 cat"):  # without a term and with one: the same answer
+            for extra in ({"beam_size": 1}, {"sampling": True}):
+                r = client.post("/translate", json={"src": [text], **extra})
+                assert r.status_code == 422 and r.json()["error"].startswith("glossary: constraints need"), r.json()
+        r = client.post("/translate", json={"src": ["the cat"], "glossary": {"": "house"}})
+        assert r.status_code == 422 and r.json()["error"] == "glossary['']: an empty source term; give both terms"
+
+
+def test_split_sentences_count_against_max_sentences_and_batches_are_bounded_in_rows(toy_vocab, monkeypatch):
+    """Before: with "split": true one line of 900 sentences passed max_sentences=1 and decoded 900 x 16 beam rows
+    in one batch. Now the sentences are counted after splitting, and a decode holds at most batch_rows rows."""
+    import mt.serve.app as server
+
+    rows = []
+
+    def counting(original):
+        def decode(model, src_ids, cfg, *args, **kwargs):
+            rows.append(len(src_ids) * cfg.beam_size)
+            return original(model, src_ids, cfg, *args, **kwargs)
+
+        return decode
+
+    monkeypatch.setattr(server, "decode_ids", counting(server.decode_ids))
+    with _client_with(toy_vocab, max_sentences=1) as client:
+        r = client.post("/translate", json={"src": ["the cat. " * 900], "split": True, "beam_size": 16})
+        assert (
+            r.status_code == 413
+            and r.json()["error"] == "src: 900 sentences once split, more than max_sentences=1; send fewer"
+        )
+        assert rows == []
+    src = ["the cat sees a dog", "a dog", "big red house", "the tree", "a small cat", "red house"]
+    with _client_with(toy_vocab, batch_rows=8) as client:
+        r = client.post("/translate", json={"src": src, "beam_size": 4})
+    assert r.status_code == 200 and rows == [8, 8, 8]  # 6 lines x 4 beams in decodes of 2 lines
+    model = client.app.state.translator.model
+    alone = decode_ids(model, vocabs_of(toy_vocab).src.encode_batch(src), DecodeConfig(beam_size=4),
+                       torch.device("cpu"), None)  # fmt: skip
+    assert r.json()["translations"] == vocabs_of(toy_vocab).tgt.decode_batch([h[0].tokens for h in alone])
+
+
+def vocabs_of(toy_vocab):
+    return toy_vocab[1]
+
+
+def test_a_decode_no_one_waits_for_stops_at_its_next_step(toy_vocab, monkeypatch):
+    """Before: a request past request_timeout_s got its 503 but the worker decoded it to the end. Now the search
+    stops at its next step once every request of the batch has gone or timed out."""
+    import time
+
+    steps = []
+    with _client_with(toy_vocab, request_timeout_s=1) as client:
+        model = client.app.state.translator.model
+        original = model.decode
+
+        def slow(*args, **kwargs):
+            steps.append(time.monotonic())
+            time.sleep(0.4)  # the toy model's ~8 steps: 3.2 s, past the timeout
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(model, "decode", slow)
+        r = _post(client, {"src": ["the big red house and the small tree"]})
+        assert r.status_code == 503 and "request_timeout_s=1" in r.json()["error"]
+        answered = time.monotonic()
+        time.sleep(1.5)
+        assert [t for t in steps if t > answered + 0.6] == []  # stopped at the step after the timeout
+        assert client.get("/info").json()["served"]["dropped"] == 1
+        monkeypatch.setattr(model, "decode", original)
+        assert _post(client, {"src": ["a dog"]}).status_code == 200  # and the worker goes on

@@ -1,10 +1,12 @@
 """Who may call the server and how much: API keys (`api_keys=FILE`) and per-caller rate limits.
 
-The key file has one key per line, `name:key` or a bare key (then named after its line, "line 3"); blank lines and
-`#` comments are skipped. It is read again on SIGHUP and when it changes (its size or time, looked at no more than
-once a second), so that a key is added or revoked without a restart; a file that has become unreadable or wrong
-keeps the keys it had, with an error in the log. Keys are compared in constant time (`hmac.compare_digest` on
-their SHA-256) and never logged: the log and the metrics name the key's name.
+The key file has one key per line, `name:key` (split at the first colon: a key may hold colons, a name may not) or
+a bare key (then named after its line, "line 3"); blank lines and `#` comments are skipped. A key shorter than
+`MIN_KEY_CHARS` is refused at load, with the line's number and never the key. The file is read again on SIGHUP and
+when it changes (its size or time, looked at no more than once a second), so that a key is added or revoked
+without a restart; a file that has become unreadable or wrong keeps the keys it had, with an error in the log.
+Keys are compared in constant time (`hmac.compare_digest` on their SHA-256) and never logged: the log and the
+metrics name the key's name.
 
 Rate limits count per key, or per client address when the server has no keys: requests per minute (checked before
 the body is read) and source tokens per minute (checked once the request's lines are tokenized). They use `limits`,
@@ -30,6 +32,7 @@ from mt.config import ConfigError
 from mt.serve.batching import BadRequest
 
 log = logging.getLogger(__name__)
+MIN_KEY_CHARS = 16  # e.g. python -c "import secrets; print(secrets.token_urlsafe(24))" gives 32
 
 
 def _digest(key: str) -> bytes:
@@ -50,11 +53,17 @@ def read_keys(path: Path) -> dict[str, bytes]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        name, _, key = line.rpartition(":")
+        name, colon, key = line.partition(":")
+        if not colon:
+            name, key = "", name
         name = name.strip() or f"line {number}"
         key = key.strip()
         if not key or any(c.isspace() for c in key):
             raise ConfigError(f"{where} line {number}: a key is one word with no spaces (name:key)")
+        if len(key) < MIN_KEY_CHARS:
+            raise ConfigError(f"{where} line {number}: a key of {len(key)} characters, shorter than {MIN_KEY_CHARS}; "
+                              "give a longer one, e.g. python -c \"import secrets; print(secrets.token_urlsafe(24))\""
+                              )  # fmt: skip
         if name in keys:
             raise ConfigError(f"{where} line {number}: the name {name!r} is given twice; give each key its own")
         if _digest(key) in keys.values():

@@ -29,6 +29,7 @@ from mt.serve.requests import (
     request_decode,
     request_sources,
     request_split,
+    request_terms,
 )
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,8 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
     metrics = Metrics()
     gate = Gate(keys, cfg.requests_per_minute, cfg.tokens_per_minute, on_refuse=metrics.refuse)
     for served in models:
-        served.batcher = Batcher(_decoder(served.translator), cfg.batch_wait_ms / 1000, cfg.batch_tokens,
-                                 cfg.max_queue_tokens, cfg.request_timeout_s,
+        served.batcher = Batcher(_decoder(served.translator, cfg.batch_rows), cfg.batch_wait_ms / 1000,
+                                 cfg.batch_tokens, cfg.max_queue_tokens, cfg.request_timeout_s,
                                  observe=metrics.batch_observer(served.name))  # fmt: skip
         metrics.add_model(served.name, served.info, lambda b=served.batcher: b.queued_tokens)
 
@@ -123,13 +124,16 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
         served = pick(models, req.model, req.tgt_lang)
         translator, own = served.translator, served.cfg or cfg
         decode = request_decode(req, own, translator)
-        doc = request_split(req, translator, decode, own)
+        request_terms(req, own, translator, decode)
+        # Off the event loop from here (sentence splitting, glossary matching): a large request must not hold up
+        # the others, nor /health.
+        doc = await asyncio.to_thread(request_split, req, translator, decode, own)
         lines = doc.sentences if doc is not None else req.src
         src_ids, prefixes, warnings = request_sources(req, lines, own, translator, decode)
         tokens = sum(len(s) + 1 for s in src_ids)
         request.state.sentences, request.state.tokens = len(src_ids), tokens  # (the access log)
         gate.count_tokens(request.state.who, tokens)
-        rules = request_constraints(req, lines, translator, decode)
+        rules = await asyncio.to_thread(request_constraints, req, lines, translator, decode)
         for i, pieces in doc.cut() if doc is not None else ():
             warnings.append(f"src[{i}]: a sentence over the model's {translator.limit} tokens, translated in {pieces} "
                             "pieces cut at clause boundaries (else between words)")  # fmt: skip
@@ -155,13 +159,23 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
     return app
 
 
-def _decoder(translator):
-    """The decoding a model's worker calls (in a thread)."""
+def _decoder(translator, batch_rows: int):
+    """The decoding a model's worker calls (in a thread): the lines by length, in decodes of at most `batch_rows`
+    decoder rows (a line takes one per beam, or per sample), each stopped by `stop()` (see mt.inference.Stoppable)."""
 
-    def decode(src_ids, settings, prefixes, numbers, constraints):
-        prefixes = prefixes if any(prefixes) else None
-        constraints = constraints if any(constraints) else None
-        return decode_ids(translator.model, src_ids, settings, translator.device, translator.amp, prefixes, numbers,
-                          constraints)  # fmt: skip
+    def decode(src_ids, settings, prefixes, numbers, constraints, stop):
+        per = max(1, batch_rows // max(settings.beam_size, settings.nbest))
+        order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
+        out = [None] * len(src_ids)
+        for at in range(0, len(order), per):
+            idx = order[at : at + per]
+            pre = [prefixes[i] for i in idx]
+            rules = [constraints[i] for i in idx]
+            hyps = decode_ids(translator.model, [src_ids[i] for i in idx], settings, translator.device, translator.amp,
+                              pre if any(pre) else None, [numbers[i] for i in idx], rules if any(rules) else None,
+                              stop)  # fmt: skip
+            for i, h in zip(idx, hyps):
+                out[i] = h
+        return out
 
     return decode

@@ -3,7 +3,9 @@ takes the first waiting request, collects the others that arrive within `batch_w
 previous batch was decoding) up to `batch_tokens` source tokens, decodes them as one length-sorted batch per decode
 setting, and answers each request with its own lines. What all requests may queue is bounded (`max_queue_tokens`:
 beyond it a 503 with Retry-After), as is how long one may wait (`request_timeout_s`); a request whose client has
-gone is dropped before it is decoded."""
+gone is dropped before it is decoded, and a decode all of whose requests have gone (or timed out) stops at its
+next step. A request that fails its decode fails alone: the batch is decoded again request by request, and each
+request gets its own answer or its own one-line error (a 422 for what its settings cannot do)."""
 
 from __future__ import annotations
 
@@ -11,12 +13,14 @@ import asyncio
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from mt.config import DecodeConfig
+from mt.config import ConfigError, DecodeConfig
 from mt.constraints import Constraints
+from mt.inference import Stopped
 from mt.search import Hypothesis
 
 log = logging.getLogger(__name__)
@@ -35,9 +39,22 @@ class Job:
     constraints: list[Constraints] | None
     done: asyncio.Future  # cancelled when its client is gone or its time is up: then it is not decoded
     tokens: int = field(init=False)
+    # set with `done` cancelled: what the decoding thread reads (an asyncio future belongs to the event loop)
+    abandoned: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self):
         self.tokens = sum(len(s) + 1 for s in self.src_ids)
+
+
+def failure(e: Exception) -> BadRequest:
+    """What a request whose decode raised `e` is answered: a 422 with the one-line reason for what its settings
+    cannot do, else a 500 that names no internals (the traceback goes to the log)."""
+    if isinstance(e, BadRequest):
+        return e
+    if isinstance(e, ConfigError):
+        return BadRequest(422, str(e))
+    log.error("decoding failed", exc_info=e)
+    return BadRequest(500, "decoding failed; the error is in the server's log")
 
 
 class Batcher:
@@ -46,8 +63,9 @@ class Batcher:
 
     def __init__(self, decode, wait_s: float, batch_tokens: int, max_queue_tokens: int, timeout_s: float,
                  observe=None):  # fmt: skip
-        """`decode(src_ids, settings, prefixes, numbers, constraints)` runs in a thread; `observe(sentences,
-        seconds)` is told of every batch decoded (the metrics)."""
+        """`decode(src_ids, settings, prefixes, numbers, constraints, stop)` runs in a thread (`stop()`: whether no
+        one waits for the answer any more); `observe(sentences, seconds)` is told of every batch decoded (the
+        metrics)."""
         self.decode, self.wait_s, self.batch_tokens, self.observe = decode, wait_s, batch_tokens, observe
         self.max_queue_tokens, self.timeout_s = max_queue_tokens, timeout_s
         self.queue: asyncio.Queue[Job] = asyncio.Queue()
@@ -91,7 +109,9 @@ class Batcher:
                     raise BadRequest(499, "the client closed the request")
             return job.done.result()
         finally:
-            job.done.cancel()  # a no-op once answered; otherwise the worker skips the job
+            if not job.done.done():  # not answered: the worker skips the job, or stops decoding it
+                job.abandoned.set()
+            job.done.cancel()
 
     def _take(self, job: Job) -> bool:
         """Count `job` out of the queue; True if it is still wanted."""
@@ -129,29 +149,57 @@ class Batcher:
                 group = [job for job in group if not job.done.done()]  # clients gone while the batch formed
                 if not group:
                     continue
-                src_ids = [s for job in group for s in job.src_ids]
-                prefixes = [p for job in group for p in (job.prefixes or [[]] * len(job.src_ids))]
-                numbers = [i for job in group for i in range(len(job.src_ids))]  # each request's own line numbers
-                rules = [c for job in group for c in (job.constraints or [Constraints([])] * len(job.src_ids))]
-                start = time.perf_counter()
                 try:
-                    hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode, prefixes, numbers, rules)
-                except Exception as e:  # a decoding failure answers its requests, the server goes on
-                    log.exception("decoding failed")
-                    for job in group:
-                        if not job.done.done():
-                            job.done.set_exception(e)
+                    hyps = await self._decode(group)
+                except Stopped:  # every request of the group went while it decoded
+                    self.dropped += len(group)
                     continue
-                tokens, seconds = sum(job.tokens for job in group), time.perf_counter() - start
-                self.tokens_per_s = tokens / max(seconds, 1e-6)
-                if self.observe is not None:
-                    self.observe(len(src_ids), seconds)
+                except Exception as e:  # one request's failure must not fail the others: each decoded alone
+                    if len(group) > 1:
+                        for job in group:
+                            await self._alone(job)
+                    elif not group[0].done.done():
+                        group[0].done.set_exception(failure(e))
+                    continue
                 self.batches, self.requests = self.batches + 1, self.requests + len(group)
                 start = 0
                 for job in group:
                     if not job.done.done():  # (its client may have left during the decode)
                         job.done.set_result(hyps[start : start + len(job.src_ids)])
                     start += len(job.src_ids)
+
+    async def _decode(self, group: list[Job]) -> list[list[Hypothesis]]:
+        """The hypotheses of a group's lines, decoded together in a thread; stopped (`Stopped`) at the next step
+        once no request of the group is waiting for them."""
+        src_ids = [s for job in group for s in job.src_ids]
+        prefixes = [p for job in group for p in (job.prefixes or [[]] * len(job.src_ids))]
+        numbers = [i for job in group for i in range(len(job.src_ids))]  # each request's own line numbers
+        rules = [c for job in group for c in (job.constraints or [Constraints([])] * len(job.src_ids))]
+        stop = lambda: all(job.abandoned.is_set() for job in group)  # noqa: E731
+        start = time.perf_counter()
+        hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode, prefixes, numbers, rules, stop)
+        tokens, seconds = sum(job.tokens for job in group), time.perf_counter() - start
+        self.tokens_per_s = tokens / max(seconds, 1e-6)
+        if self.observe is not None:
+            self.observe(len(src_ids), seconds)
+        return hyps
+
+    async def _alone(self, job: Job) -> None:
+        """Decode one request by itself, after its batch failed: its answer, or its own error."""
+        if job.done.done():
+            return
+        try:
+            hyps = await self._decode([job])
+        except Stopped:
+            self.dropped += 1
+            return
+        except Exception as e:
+            if not job.done.done():
+                job.done.set_exception(failure(e))
+            return
+        self.batches, self.requests = self.batches + 1, self.requests + 1
+        if not job.done.done():
+            job.done.set_result(hyps)
 
     async def supervise(self) -> None:
         """`run`, started again whenever an exception escapes it; the requests it held get a 503."""

@@ -9,6 +9,7 @@ import logging
 import signal
 import socket
 import time
+import unicodedata
 
 import uvicorn
 
@@ -90,10 +91,26 @@ class Guarded:
         await self.app(scope, receive, send)
 
 
+def printable(value) -> str:
+    """`value` as text safe for a log line: control and format characters (a newline that would start a forged
+    line, the ESC of a terminal escape sequence, line and paragraph separators) as \\xNN or \\uNNNN escapes, and
+    the backslash itself escaped, so that every logged field is one line and can be told from its escapes."""
+    out = []
+    for c in str(value):
+        if c == "\\":
+            out.append("\\\\")
+        elif unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
 class Observed:
     """ASGI middleware around everything: each request's status and latency into the metrics (by route; an
     unknown path is "other", so that scanners make no new series), and one access-log line (UTC time, caller name
-    (never the key), client, method, path, status, sentences, source tokens, milliseconds)."""
+    (never the key), client, method, path, status, sentences, source tokens, milliseconds), each field `printable`
+    (uvicorn hands the path over percent-decoded: "/%0A..." would otherwise write a line of the caller's making)."""
 
     def __init__(self, app, metrics: Metrics, log_requests: bool, paths: tuple[str, ...]):
         """`paths`: the app's routes (a request refused before routing, a 401, still counts under its route)."""
@@ -117,9 +134,15 @@ class Observed:
             self.metrics.request(scope["path"] if scope["path"] in self.paths else "other", status, seconds)
             if self.log_requests:
                 state, now = scope.get("state") or {}, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                access_log.info('%s %s %s "%s %s" %d sentences=%s tokens=%s %.0fms', now, state.get("caller") or "-",
-                                (scope.get("client") or ("-",))[0], scope["method"], scope["path"], status,
-                                state.get("sentences", "-"), state.get("tokens", "-"), seconds * 1000)  # fmt: skip
+                fields = (
+                    state.get("caller") or "-",
+                    (scope.get("client") or ("-",))[0],
+                    scope["method"],
+                    scope["path"],
+                )
+                access_log.info('%s %s %s "%s %s" %d sentences=%s tokens=%s %.0fms', now, *map(printable, fields),
+                                status, state.get("sentences", "-"), state.get("tokens", "-"),
+                                seconds * 1000)  # fmt: skip
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

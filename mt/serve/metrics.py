@@ -49,8 +49,9 @@ class Metrics:
         return observe
 
     def add_model(self, name: str, info: dict, queued) -> None:
-        """A model's load info and its queue depth (`queued()`: source tokens waiting)."""
-        fields = {"path": "model", "engine": "engine", "src_lang": "src_lang", "tgt_lang": "tgt_lang"}
+        """A model's load info and its queue depth (`queued()`: source tokens waiting). /metrics needs no key, so it
+        names no file: the checkpoint's path is in /info, behind the keys."""
+        fields = {"engine": "engine", "src_lang": "src_lang", "tgt_lang": "tgt_lang"}
         self.model.labels(name).info({k: str(info.get(v) or "") for k, v in fields.items()})
         self.queue.labels(name).set_function(queued)
 

@@ -95,6 +95,8 @@ def load(cfg: ServeConfig, overrides: list[str]) -> list[Served]:
             own = dataclasses.replace(cfg, checkpoint=path, decode=run_decode_settings(cfg.decode, ckpt, overrides))
             translator = Translator.open([ckpt], own.decode, device, cfg.precision, tgt_lang=cfg.tgt_lang)
             translator.glossary = glossary
+            if glossary is not None:  # a glossary the model or its decoding cannot apply: refused at load
+                translator.check_terms(own.decode, f"glossary={cfg.glossary}")
             data = (ckpt.get("config") or {}).get("data", {})
             info = {"model": ckpt["path"], "engine": type(translator.model).__name__,
                     "src_lang": data.get("src_lang"), "tgt_lang": data.get("tgt_lang"),

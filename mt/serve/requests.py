@@ -36,7 +36,8 @@ def request_split(req: TranslateRequest, translator, decode: DecodeConfig, cfg: 
     line counts in full), over `max_request_tokens` is a 413. Then, with "split": the request's lines as sentences
     (what a split line cannot have is a 422). Without it, where a line is over the model's positions: the lines as
     they are, that one in pieces (not cut short), unless the request has what belongs to a whole line (n-best,
-    prefixes, constraints; then it is truncated with a warning)."""
+    prefixes, constraints; then it is truncated with a warning). The sentences (or pieces) to decode are held to
+    `max_sentences`: a 413 beyond it."""
     n_tokens = sum(len(ids) + 1 for ids in translator.vocabs.src.encode_batch(req.src))
     if n_tokens > cfg.max_request_tokens:
         raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
@@ -44,12 +45,17 @@ def request_split(req: TranslateRequest, translator, decode: DecodeConfig, cfg: 
     try:
         if req.split:
             refuse_with_split(decode, req.prefix, req.constraints)
-            return translator.split(req.src, req.tgt_lang)
-        if in_pieces(decode, req.prefix, req.constraints) and translator.too_long(req.src, req.tgt_lang):
-            return translator.split(req.src, req.tgt_lang, whole_lines=True)
-        return None
+            doc = translator.split(req.src, req.tgt_lang)
+        elif in_pieces(decode, req.prefix, req.constraints) and translator.too_long(req.src, req.tgt_lang):
+            doc = translator.split(req.src, req.tgt_lang, whole_lines=True)
+        else:
+            return None
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
+    if len(doc.sentences) > cfg.max_sentences:  # the limit holds for what is decoded, not for what was sent
+        raise BadRequest(413, f"src: {len(doc.sentences)} sentences once split, more than max_sentences="
+                              f"{cfg.max_sentences}; send fewer")  # fmt: skip
+    return doc
 
 
 def request_sources(req: TranslateRequest, lines: list[str], cfg: ServeConfig, translator, decode: DecodeConfig):
@@ -73,9 +79,22 @@ def request_sources(req: TranslateRequest, lines: list[str], cfg: ServeConfig, t
         raise BadRequest(422, str(e)) from None
 
 
+def request_terms(req: TranslateRequest, cfg: ServeConfig, translator, decode: DecodeConfig) -> None:
+    """What the request's constraints and glossary need, checked before any text is read (whatever the lines
+    hold): at most `max_glossary_terms` terms (413), a model and settings that can meet them (422)."""
+    if req.glossary and len(req.glossary) > cfg.max_glossary_terms:
+        raise BadRequest(413, f"glossary: {len(req.glossary)} terms, more than max_glossary_terms="
+                              f"{cfg.max_glossary_terms}; send the terms that the lines need")  # fmt: skip
+    if req.constraints is not None or req.glossary or translator.glossary is not None:
+        try:
+            translator.check_terms(decode, "constraints" if req.constraints is not None else "glossary")
+        except ConfigError as e:
+            raise BadRequest(422, str(e)) from None
+
+
 def request_constraints(req: TranslateRequest, lines: list[str], translator, decode: DecodeConfig):
     """Each line's constraints: the request's phrases and the glossary terms (the server's, with the request's on
-    top) found in it."""
+    top) found in it. Linear in the terms; run off the event loop (a glossary's pattern is compiled here)."""
     glossary = translator.glossary
     try:
         if req.glossary:
