@@ -83,7 +83,8 @@ def beside(url: str, method: str, path: str, body: dict | None, wait: float = 0.
     ordinary = timed("POST", url + "/translate", {"src": [LINE]})
     thread.join(timeout=130)
     return {"hostile_status": hostile.get("status"), "hostile_s": hostile.get("s"), "health_status": health[0],
-            "health_ms": 1000 * health[1], "ordinary_status": ordinary[0], "ordinary_ms": 1000 * ordinary[1]}  # fmt: skip
+            "health_ms": 1000 * health[1], "ordinary_status": ordinary[0],
+            "ordinary_ms": 1000 * ordinary[1]}  # fmt: skip
 
 
 def batch_mates(url: str) -> dict:
