@@ -25,11 +25,12 @@ class BPEDropoutSegments:
     def __init__(self, corpus: Corpus, p: float, max_len: int, world: int, rank: int):
         pairs = list(corpus.train_text)
         kept = [pairs[i] for i in corpus.train_rows]
-        self.texts = {"src_ids": [s for s, _ in kept], "tgt_ids": [t for _, t in kept]}
+        vocabs = corpus.vocabs  # (the texts as the BPE sees them: Moses-tokenized with tokenizer.pretokenize)
+        self.texts = {"src_ids": vocabs.src.pretokenized([s for s, _ in kept]),
+                      "tgt_ids": vocabs.tgt.pretokenized([t for _, t in kept])}  # fmt: skip
         ids = corpus.train.select_columns(["src_ids", "tgt_ids"])[:]
         self.fallback = {"src_ids": ids["src_ids"], "tgt_ids": ids["tgt_ids"]}
         self.ids = dict(self.fallback)
-        vocabs = corpus.vocabs
         src = with_bpe_dropout(vocabs.src, p)
         self.tokenizers = {"src_ids": src, "tgt_ids": src if vocabs.joint else with_bpe_dropout(vocabs.tgt, p)}
         self.max_len, self.world, self.rank = max_len, world, rank

@@ -23,7 +23,7 @@ import torch
 from mt import runtime
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.model import Transformer
-from mt.tokenizer import Vocabs
+from mt.tokenizer import Vocabs, read_pretokenize
 
 FORMAT_VERSION = 1
 RELEASE_FORMAT = "mt-release-1"  # python -m mt.export release: safetensors + JSON, no pickle
@@ -115,7 +115,7 @@ RESUMABLE = ("optimizer", "scheduler", "scaler", "sampler")  # objects with stat
 RESUME_KEYS = {
     "data": ("name", "format", "src_lang", "tgt_lang", "columns", "train_split", "max_len", "max_ratio", "corpora",
              "directions", "valid_from_train"),
-    "tokenizer": ("vocab_size", "joint", "min_frequency", "normalization", "sample_pairs"),
+    "tokenizer": ("vocab_size", "joint", "min_frequency", "normalization", "sample_pairs", "pretokenize"),
     "train": ("seed", "max_tokens", "accumulate", "optimizer", "lr", "schedule", "noam_scale", "warmup",
               "warmup_init_lr", "betas", "adam_eps", "weight_decay", "clip_norm", "label_smoothing", "bpe_dropout",
               "init_from", "freeze"),
@@ -344,10 +344,13 @@ def _json(path: Path, fmt: str) -> dict:
 
 
 def _tokenizer_files(dir: Path) -> dict:
-    """The tokenizers of an exported model dir, as checkpoints store them (JSON strings)."""
+    """The tokenizers of an exported model dir, as checkpoints store them (JSON strings, and the pre-tokenization
+    recorded beside them)."""
+    pretokenize = read_pretokenize(dir)
+    extra = {"pretokenize": pretokenize} if pretokenize is not None else {}
     if (dir / "tokenizer.json").is_file():
-        return {"src": (dir / "tokenizer.json").read_text(), "tgt": None}
-    return {"src": (dir / "tokenizer.src.json").read_text(), "tgt": (dir / "tokenizer.tgt.json").read_text()}
+        return {"src": (dir / "tokenizer.json").read_text(), "tgt": None, **extra}
+    return {"src": (dir / "tokenizer.src.json").read_text(), "tgt": (dir / "tokenizer.tgt.json").read_text(), **extra}
 
 
 def load_release(dir: Path) -> dict:

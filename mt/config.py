@@ -93,6 +93,9 @@ class TokenizerConfig:
     sample_pairs: int = 1_000_000
     # Load this tokenizer.json instead of training one.
     path: str | None = None
+    # "moses": Moses-tokenize source and target (in data.src_lang / data.tgt_lang) before the BPE, and detokenize
+    # translations after it (mt/pretokenize.py), as fairseq's recipes prepare text; saved with the tokenizer.
+    pretokenize: str = "none"
 
 
 @dataclass

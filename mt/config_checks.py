@@ -4,6 +4,7 @@ one-line ConfigError naming the key."""
 from __future__ import annotations
 
 from mt.config import Config, ConfigError, _choice, parse_direction, validate_decode
+from mt.pretokenize import PRETOKENIZERS
 
 NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents")  # tokenizers.normalizers' classes
 
@@ -19,6 +20,10 @@ def validate(cfg: Config) -> None:
     _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
     for step in cfg.tokenizer.normalization.split("+"):
         _choice("tokenizer.normalization", step, NORMALIZERS)
+    _choice("tokenizer.pretokenize", cfg.tokenizer.pretokenize, PRETOKENIZERS)
+    if cfg.tokenizer.pretokenize != "none" and cfg.data.directions:
+        raise ConfigError("tokenizer.pretokenize=moses tokenizes one source and one target language; a "
+                          "data.directions run has several target languages: unset one of them")  # fmt: skip
     validate_corpora(cfg)
     for key, value, low in (
         ("data.max_len", cfg.data.max_len, 1),

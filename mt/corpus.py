@@ -23,6 +23,7 @@ from mt.bpe_dropout import BPEDropoutSegments
 from mt.config import Config, ConfigError, CorpusConfig, DataConfig, TokenizerConfig, parse_direction
 from mt.data import TextPairs
 from mt.holdout import Without, held_out_pairs, hold_out
+from mt.pretokenize import moses
 from mt.tokenizer import (
     TokenizerError,
     Vocab,
@@ -134,7 +135,8 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int, vocabs: Vocabs 
     learn_from = learn[0] if len(learn) == 1 else data.ChainedPairs(learn)
     languages = [(t, p.src_lang, p.tgt_lang) for t, (p, _, _) in zip(texts, parts)] if dc.directions else None
     if vocabs is None:
-        vocabs = build_vocabs(cfg.tokenizer, learn_from, run_dir, resuming, data.cache_root(dc), tags, languages)
+        vocabs = build_vocabs(cfg.tokenizer, learn_from, run_dir, resuming, data.cache_root(dc), tags, languages,
+                              (dc.src_lang, dc.tgt_lang))  # fmt: skip
         source = f"tokenizer.path={cfg.tokenizer.path}"
     else:
         vocabs.save(run_dir)
@@ -215,19 +217,23 @@ def build_vocabs(
     cache: Path | None = None,
     tags: tuple[str, ...] = (),
     languages: list[tuple[TextPairs, str, str]] | None = None,
+    langs: tuple[str, str] | None = None,
 ) -> Vocabs:
     """Load `cfg.path`; or reuse the run dir's tokenizer, or the one trained on the same corpus with the same
     config in `cache`; or train one on (a sample of) `pairs` and save it in both.
     `resuming`: the run dir holds a run to continue, whose tokenizer must not be replaced by another.
     `tags`: special tokens the corpora put before their sources, each one id after the fixed four. `languages`:
     (pairs, source language, target language) of a multilingual run's directions, for a joint BPE whose sample
-    is balanced across languages (`balanced_sample`)."""
+    is balanced across languages (`balanced_sample`). `langs`: the run's (source, target) languages, which
+    `tokenizer.pretokenize=moses` tokenizes in."""
+    if cfg.pretokenize != "none" and langs is None:
+        raise ConfigError(f"tokenizer.pretokenize={cfg.pretokenize} needs the run's languages")
     if cfg.path:
         if not Path(cfg.path).is_file():
             raise TokenizerError(f"tokenizer.path={cfg.path}: no such file; train one by unsetting tokenizer.path")
         vocab = Vocab.from_file(cfg.path)
         log.info("tokenizer: loaded %s (%d types)", cfg.path, len(vocab))
-        return Vocabs(vocab, vocab)
+        return Vocabs(vocab, vocab).pretokenizing(cfg.pretokenize, *(langs or ("", "")))
     key = _meta_key(cfg, pairs.fingerprint, tags, balanced=bool(languages))
     meta = run_dir / "tokenizer.meta.json"
     if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
@@ -249,7 +255,7 @@ def build_vocabs(
         log.info("tokenizer: reusing the BPE trained on this corpus with this config (%s)", shared)
     else:
         vocabs, record = (
-            _train_vocabs(cfg, pairs, key, tags) if not languages else _train_balanced(cfg, languages, key, tags)
+            _train_vocabs(cfg, pairs, key, tags, langs) if not languages else _train_balanced(cfg, languages, key, tags)
         )
         if shared is not None:
             _save(vocabs, record, shared)
@@ -257,14 +263,19 @@ def build_vocabs(
     return vocabs
 
 
-def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str, tags: tuple[str, ...]) -> tuple[Vocabs, dict]:
+def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str, tags: tuple[str, ...],
+                  langs: tuple[str, str] | None) -> tuple[Vocabs, dict]:  # fmt: skip
     start = time.perf_counter()
     sample, seen = sample_pairs(pairs, cfg.sample_pairs)
+    if cfg.pretokenize == "moses":  # the BPE learns from the text as it will see it
+        src, tgt = moses(langs[0]), moses(langs[1])
+        sample = [(src.tokenize(s), tgt.tokenize(t)) for s, t in sample]
     if cfg.joint:
         vocab = train_vocab(cfg, sample, (0, 1), tags)
         vocabs = Vocabs(vocab, vocab)
     else:
         vocabs = Vocabs(train_vocab(cfg, sample, (0,), tags), train_vocab(cfg, sample, (1,)))
+    vocabs = vocabs.pretokenizing(cfg.pretokenize, *(langs or ("", "")))
     log.info(
         "tokenizer: trained BPE on %d of %d pairs in %.1f s: %d source / %d target types",
         len(sample),

@@ -97,7 +97,8 @@ def adopt(cfg: Config, parent: Parent, overrides: list[str]) -> Config:
         if f"model.{key}" not in given:
             setattr(model, key, getattr(theirs, key))
     model.name = theirs.name
-    tokenizer = dataclasses.replace(cfg.tokenizer, joint=parent.vocabs.joint, path=None)
+    pretokenize = (parent.vocabs.pretokenize or {}).get("kind", "none")  # the parent's text preparation, too
+    tokenizer = dataclasses.replace(cfg.tokenizer, joint=parent.vocabs.joint, path=None, pretokenize=pretokenize)
     if cfg.tokenizer.path:
         from mt.tokenizer import Vocab
 
@@ -192,7 +193,7 @@ def tokenization(vocabs: Vocabs, pairs, n: int = 2000) -> dict:
         unk = sum(i.count(UNK) for i in ids)
         out[side] = {"unk_share": unk / max(tokens, 1), "subwords_per_word": tokens / max(words, 1)}
         if unk:  # what became <unk>, read from the offsets (a lone character is encoded as "▁" + it)
-            for line in lines:
+            for line in vocab.pretokenized(lines):  # (offsets into the text as the BPE saw it)
                 enc = vocab.tokenizer.encode(line, add_special_tokens=False)
                 unknown.update(line[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == UNK)
     out["unknown_characters"] = "".join(c for c, _ in unknown.most_common(20))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import logging
 import math
 import random
@@ -20,10 +21,12 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from mt.config import TokenizerConfig
+from mt.pretokenize import Moses, moses
 
 log = logging.getLogger(__name__)
 
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+PRETOKENIZE_FILE = "pretokenize.json"  # beside tokenizer.json: tokenizer.pretokenize's setting and languages
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
@@ -32,10 +35,11 @@ class TokenizerError(ValueError):
 
 
 class Vocab:
-    """One BPE tokenizer: text <-> ids without special tokens (the model adds <s> and </s> itself)."""
+    """One BPE tokenizer: text <-> ids without special tokens (the model adds <s> and </s> itself). With `moses`
+    (tokenizer.pretokenize=moses), text is Moses-tokenized in its language before the BPE and detokenized after."""
 
-    def __init__(self, tokenizer: Tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Tokenizer, moses: Moses | None = None):
+        self.tokenizer, self.moses = tokenizer, moses
         # Text is text: "<pad>", "</s>" or "<2fr>" typed in an input are split like any other characters, never
         # matched as the special token (which would mask a source as padding, end a prefix or pick a language).
         # The model's specials come from ids, not from text. (A setting of the object, not saved in the JSON.)
@@ -47,22 +51,27 @@ class Vocab:
     def __len__(self) -> int:
         return self.tokenizer.get_vocab_size()
 
+    def pretokenized(self, texts: list[str]) -> list[str]:
+        """`texts` as the BPE sees them: Moses-tokenized with `moses`, else as they are."""
+        return [self.moses.tokenize(t) for t in texts] if self.moses is not None else texts
+
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        return self.tokenizer.encode(self.pretokenized([text])[0], add_special_tokens=False).ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # encode_batch_fast (tokenizers >= 0.21) skips the character offsets, which nothing here reads.
         encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
-        return [e.ids for e in encode(texts, add_special_tokens=False)]
+        return [e.ids for e in encode(self.pretokenized(texts), add_special_tokens=False)]
 
     def tokens(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.id_to_token(i) for i in ids]
 
     def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.decode_batch([ids])[0]
 
     def decode_batch(self, batch: list[list[int]]) -> list[str]:
-        return self.tokenizer.decode_batch(batch, skip_special_tokens=True)
+        texts = self.tokenizer.decode_batch(batch, skip_special_tokens=True)
+        return [self.moses.detokenize(t) for t in texts] if self.moses is not None else texts
 
     @property
     def lowercases(self) -> bool:
@@ -71,12 +80,14 @@ class Vocab:
         return norm is not None and norm.normalize_str("A") == "a"
 
     def digest(self) -> str:
-        return hashlib.sha256(self.tokenizer.to_str().encode()).hexdigest()[:16]
+        """The tokenizer's identity (what ids its text gets): its JSON, and its pre-tokenization if any."""
+        text = self.tokenizer.to_str() + (f"|moses:{self.moses.lang}" if self.moses is not None else "")
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
-    def from_file(cls, path: str | Path) -> Vocab:
+    def from_file(cls, path: str | Path, moses: Moses | None = None) -> Vocab:
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            return cls(Tokenizer.from_file(str(path)), moses)
         except Exception as e:
             raise TokenizerError(f"{path}: not a usable tokenizer.json ({e}); delete it to retrain") from None
 
@@ -91,14 +102,22 @@ def with_bpe_dropout(vocab: Vocab, p: float) -> Tokenizer:
 
 @dataclass
 class Vocabs:
-    """Source and target vocabularies; one shared object when the vocabulary is joint."""
+    """Source and target vocabularies; one shared tokenizer when the vocabulary is joint (one shared object too,
+    unless each side pre-tokenizes in its own language)."""
 
     src: Vocab
     tgt: Vocab
 
     @property
     def joint(self) -> bool:
-        return self.src is self.tgt
+        return self.src.tokenizer is self.tgt.tokenizer
+
+    @property
+    def pretokenize(self) -> dict | None:
+        """{"kind": "moses", "src_lang": .., "tgt_lang": ..}, or None: how text is prepared before the BPE."""
+        if self.src.moses is None:
+            return None
+        return {"kind": "moses", "src_lang": self.src.moses.lang, "tgt_lang": self.tgt.moses.lang}
 
     def files(self, dir: Path) -> dict[str, Path]:
         if self.joint:
@@ -106,18 +125,42 @@ class Vocabs:
         return {"src": dir / "tokenizer.src.json", "tgt": dir / "tokenizer.tgt.json"}
 
     def save(self, dir: Path) -> None:
+        """The tokenizer files, and `PRETOKENIZE_FILE` beside them when text is pre-tokenized (else none: an old
+        one is removed, so the directory describes these tokenizers alone)."""
         dir.mkdir(parents=True, exist_ok=True)
         for side, path in self.files(dir).items():
             (self.src if side in ("joint", "src") else self.tgt).tokenizer.save(str(path))
+        if self.pretokenize is not None:
+            (dir / PRETOKENIZE_FILE).write_text(json.dumps(self.pretokenize) + "\n")
+        else:
+            (dir / PRETOKENIZE_FILE).unlink(missing_ok=True)
 
     def to_json(self) -> dict:
         """The tokenizers as JSON strings, stored inside checkpoints so a checkpoint is self-contained."""
-        return {"src": self.src.tokenizer.to_str(), "tgt": None if self.joint else self.tgt.tokenizer.to_str()}
+        d = {"src": self.src.tokenizer.to_str(), "tgt": None if self.joint else self.tgt.tokenizer.to_str()}
+        return d | ({"pretokenize": self.pretokenize} if self.pretokenize is not None else {})
 
     @classmethod
     def from_json(cls, d: dict) -> Vocabs:
-        src = Vocab(Tokenizer.from_str(d["src"]))
-        return cls(src, src if d["tgt"] is None else Vocab(Tokenizer.from_str(d["tgt"])))
+        src = Tokenizer.from_str(d["src"])
+        tgt = src if d["tgt"] is None else Tokenizer.from_str(d["tgt"])
+        return cls.of(src, tgt, d.get("pretokenize"))
+
+    @classmethod
+    def of(cls, src: Tokenizer, tgt: Tokenizer, pretokenize: dict | None = None) -> Vocabs:
+        """Vocabs over the tokenizers `src` and `tgt` (the same object: joint), pre-tokenizing as `pretokenize`
+        (`Vocabs.pretokenize`'s form) says."""
+        if pretokenize is None:
+            vocab = Vocab(src)
+            return cls(vocab, vocab if tgt is src else Vocab(tgt))
+        if pretokenize.get("kind") != "moses":
+            raise TokenizerError(f"pretokenize={pretokenize!r}: unknown; this version knows moses")
+        return cls(Vocab(src, moses(pretokenize["src_lang"])), Vocab(tgt, moses(pretokenize["tgt_lang"])))
+
+    def pretokenizing(self, kind: str, src_lang: str, tgt_lang: str) -> Vocabs:
+        """These tokenizers with `tokenizer.pretokenize=kind` in the run's languages ("none": as they are)."""
+        spec = {"kind": kind, "src_lang": src_lang, "tgt_lang": tgt_lang} if kind != "none" else None
+        return Vocabs.of(self.src.tokenizer, self.tgt.tokenizer, spec)
 
 
 def new_tokenizer(normalization: str) -> Tokenizer:
@@ -178,7 +221,21 @@ def train_vocab_on(cfg: TokenizerConfig, texts: Iterable[list[str]], n: int, tag
 
 
 def load_run_vocabs(cfg: TokenizerConfig, run_dir: Path) -> Vocabs:
+    """The tokenizers a directory holds (a run dir, a release, an export), with its `PRETOKENIZE_FILE` if any."""
     if cfg.joint:
-        vocab = Vocab.from_file(run_dir / "tokenizer.json")
-        return Vocabs(vocab, vocab)
-    return Vocabs(Vocab.from_file(run_dir / "tokenizer.src.json"), Vocab.from_file(run_dir / "tokenizer.tgt.json"))
+        src = tgt = Vocab.from_file(run_dir / "tokenizer.json").tokenizer
+    else:
+        src = Vocab.from_file(run_dir / "tokenizer.src.json").tokenizer
+        tgt = Vocab.from_file(run_dir / "tokenizer.tgt.json").tokenizer
+    return Vocabs.of(src, tgt, read_pretokenize(run_dir))
+
+
+def read_pretokenize(dir: Path) -> dict | None:
+    """The pre-tokenization recorded beside a directory's tokenizer files (`Vocabs.save`), or None."""
+    path = dir / PRETOKENIZE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise TokenizerError(f"{path}: not readable JSON ({e}); restore it from the run or re-export") from None

@@ -459,6 +459,13 @@ ROWS = [
     ("init_from_without_direction_token", "train", _parent("data.directions=[xx-yy]"), "its tokenizer has no <2yy>"),
     ("freeze_unknown_part", "train", _parent("train.freeze=[attention]"), "train.freeze: 'attention' is not a part"),
     ("valid_from_train_too_many", "train", _args("data.valid_from_train=5000"), "data.valid_from_train=5000"),
+    ("pretokenize_unknown", "train", _args("tokenizer.pretokenize=spacy"), "tokenizer.pretokenize='spacy' is not one"),
+    (
+        "pretokenize_with_directions",
+        "train",
+        _args("tokenizer.pretokenize=moses", "data.directions=[xx-yy]"),
+        "tokenizer.pretokenize=moses tokenizes one source and one target language",
+    ),
     # mt.compare
     (
         "compare_line_counts",
