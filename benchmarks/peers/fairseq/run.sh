@@ -32,6 +32,7 @@ VENV=$HERE/.venv
 WORK=${WORK:-/tmp/mt-peers/fairseq}
 CAL_UPDATES=${CAL_UPDATES:-100}   # the timed run, ~4 minutes here
 SEED=${SEED:-1}                   # fairseq-train --seed (issue 47's rematch pairs one fairseq seed with one of ours)
+VALID_EVERY=${VALID_EVERY:-}      # also validate (val loss) every N updates, for issue 62's curves; unset: per epoch
 [[ $SEED =~ ^[0-9]+$ ]] || die "SEED must be a non-negative integer, got '$SEED'"
 
 peer_venv "$VENV" fairseq-fixed==0.12.3.1 sacremoses subword-nmt
@@ -60,7 +61,8 @@ done
     --joined-dictionary --workers 2 > "$WORK/preprocess.out" 2>&1
 PREP_S=$(( $(date +%s) - START ))
 
-# fairseq_train SAVE_DIR LOG WARMUP STOP_HOURS MAX_UPDATE: the recipe's command with this machine's changes (header).
+# fairseq_train SAVE_DIR LOG WARMUP STOP_HOURS MAX_UPDATE [VALID_EVERY]: the recipe's command with this machine's
+# changes (header).
 fairseq_train() {
     "$BIN/fairseq-train" "$WORK/bin" --task translation --source-lang en --target-lang de --cpu --seed "$SEED" \
         --arch transformer --share-all-embeddings \
@@ -69,7 +71,7 @@ fairseq_train() {
         --dropout 0.3 --optimizer adam --adam-betas '(0.9, 0.98)' --lr 0.005 --lr-scheduler inverse_sqrt \
         --warmup-updates "$3" --criterion label_smoothed_cross_entropy --label-smoothing 0.1 \
         --max-tokens 4096 --update-freq 2 --max-update "$5" --patience 10 --stop-time-hours "$4" \
-        --num-workers 0 --save-dir "$1" --keep-last-epochs 10 \
+        --num-workers 0 --save-dir "$1" --keep-last-epochs 10 ${6:+--validate-interval-updates "$6"} \
         --no-progress-bar --log-format simple --log-interval 25 > "$2" 2>&1 \
         || die "fairseq-train failed: see the end of $2"
 }
@@ -93,7 +95,7 @@ LEFT_H=$("$PY" -c "print($LEFT_S / 3600)")
 echo "preprocessing $PREP_S s; timed run $(( $(date +%s) - CAL0 )) s: $SEC_PER_UPDATE s an update; training for" \
     "$LEFT_H h, ~$UPDATES updates, warmup $WARMUP"
 
-fairseq_train "$WORK/checkpoints" "$WORK/train.out" "$WARMUP" "$LEFT_H" 8000
+fairseq_train "$WORK/checkpoints" "$WORK/train.out" "$WARMUP" "$LEFT_H" 8000 "$VALID_EVERY"
 LOG=$WORK/train.out
 # the end of training: where fairseq stops for --stop-time-hours, else (--max-update) its last logged update
 TRAIN_END=$(log_time "$(grep -P "Stopping training due to|\| train_inner \|" "$LOG" | tail -1)")
