@@ -19,7 +19,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mt.config import ConfigError, ServeConfig, register_configs, to_dataclass
+from mt.config import ConfigError, ServeConfig, register_configs
+from mt.config_checks import to_dataclass
 from mt.errors import USER_ERRORS
 from mt.runtime import prefer_expandable_segments
 

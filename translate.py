@@ -25,7 +25,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from mt import checkpoint
-from mt.config import TranslateConfig, register_configs, to_dataclass
+from mt.config import TranslateConfig, register_configs
+from mt.config_checks import to_dataclass
 from mt.errors import USER_ERRORS
 from mt.inference import glossary_of, run_decode_settings, translate_stream, translate_whole
 from mt.runtime import keep_freed_memory_in_the_heap, pick_device, prefer_expandable_segments

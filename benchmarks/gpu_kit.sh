@@ -18,7 +18,7 @@ if [ "$mode" = prepare ]; then
     set -e
     rm -rf .whl && mkdir -p .whl .gpudata/multi30k
     # What the GPU image (Python 3.12) lacks: hydra and its parser runtime, datasets and two of its needs, and
-    # transformers with what it needs beyond the image for the HF Marian peer of benchmarks/train_peers.py.
+    # transformers with what it needs beyond the image for the HF Marian peer of benchmarks/peers/train_peers.py.
     python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d .whl hydra-core==1.3.2 omegaconf==2.3.0 datasets dill multiprocess \
@@ -95,7 +95,7 @@ done
 
 echo "== training throughput vs peers" | tee -a "$out/summary.txt"
 for shape in $shapes; do
-    python benchmarks/train_peers.py --device "$device" --shape $shape $peer_args \
+    python benchmarks/peers/train_peers.py --device "$device" --shape $shape $peer_args \
         2>&1 | tee "$out/train_peers_$shape.log" | tail -8 | tee -a "$out/summary.txt"
 done
 date -u | tee -a "$out/summary.txt"

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch.distributed as dist
 
-from mt.tokenizer import with_bpe_dropout
-
-if TYPE_CHECKING:
-    from mt.corpus import Corpus
+from mt.tokenizer import Vocabs, with_bpe_dropout
 
 
 class BPEDropoutSegments:
@@ -22,13 +17,13 @@ class BPEDropoutSegments:
     segments and broadcasts so that every rank cuts the same batches.
     """
 
-    def __init__(self, corpus: Corpus, p: float, max_len: int, world: int, rank: int):
-        pairs = list(corpus.train_text)
-        kept = [pairs[i] for i in corpus.train_rows]
-        vocabs = corpus.vocabs  # (the texts as the BPE sees them: Moses-tokenized with tokenizer.pretokenize)
+    def __init__(self, kept: list[tuple[str, str]], train, vocabs: Vocabs, p: float, max_len: int, world: int,
+                 rank: int):  # fmt: skip
+        """`kept`: the training pairs that passed the filters, as text; `train`: their tokenized table."""
+        # (the texts as the BPE sees them: Moses-tokenized with tokenizer.pretokenize)
         self.texts = {"src_ids": vocabs.src.pretokenized([s for s, _ in kept]),
                       "tgt_ids": vocabs.tgt.pretokenized([t for _, t in kept])}  # fmt: skip
-        ids = corpus.train.select_columns(["src_ids", "tgt_ids"])[:]
+        ids = train.select_columns(["src_ids", "tgt_ids"])[:]
         self.fallback = {"src_ids": ids["src_ids"], "tgt_ids": ids["tgt_ids"]}
         self.ids = dict(self.fallback)
         src = with_bpe_dropout(vocabs.src, p)

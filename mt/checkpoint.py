@@ -23,7 +23,7 @@ import torch
 from mt import runtime
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.model import Transformer
-from mt.tokenizer import Vocabs, read_pretokenize
+from mt.tokenizer import Vocabs, read_tokenizer_files
 
 FORMAT_VERSION = 1
 RELEASE_FORMAT = "mt-release-1"  # python -m mt.export release: safetensors + JSON, no pickle
@@ -343,28 +343,19 @@ def _json(path: Path, fmt: str) -> dict:
     return meta
 
 
-def _tokenizer_files(dir: Path) -> dict:
-    """The tokenizers of an exported model dir, as checkpoints store them (JSON strings, and the pre-tokenization
-    recorded beside them)."""
-    pretokenize = read_pretokenize(dir)
-    extra = {"pretokenize": pretokenize} if pretokenize is not None else {}
-    if (dir / "tokenizer.json").is_file():
-        return {"src": (dir / "tokenizer.json").read_text(), "tgt": None, **extra}
-    return {"src": (dir / "tokenizer.src.json").read_text(), "tgt": (dir / "tokenizer.tgt.json").read_text(), **extra}
-
-
 def load_release(dir: Path) -> dict:
     """A release dir as a checkpoint dict whose "model" is the safetensors file (read by `build_model`)."""
     meta = _json(dir / "config.json", RELEASE_FORMAT)
     return {"format": RELEASE_FORMAT, "path": str(dir), "model": dir / "model.safetensors",
-            "model_args": meta["model_args"], "config": meta["config"], "tokenizer": _tokenizer_files(dir)}  # fmt: skip
+            "model_args": meta["model_args"], "config": meta["config"],
+            "tokenizer": read_tokenizer_files(dir)}  # fmt: skip
 
 
 def load_ctranslate2_export(dir: Path) -> dict:
     """A CTranslate2 export dir as a checkpoint dict; its model is built by mt.ct2, not `build_model`."""
     meta = _json(dir / "mt.json", CT2_FORMAT)
     return {"format": CT2_FORMAT, "path": str(dir), "model_args": meta["model_args"], "config": meta["config"],
-            "tokenizer": _tokenizer_files(dir)}  # fmt: skip
+            "tokenizer": read_tokenizer_files(dir)}  # fmt: skip
 
 
 def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:
@@ -389,11 +380,8 @@ def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:
 
 def epoch_checkpoints(run_dir: Path) -> list[Path]:
     """`checkpoint{N}.pt` files, oldest first."""
-    found = [
-        (int(m.group(1)), p)
-        for p in run_dir.glob("checkpoint*.pt")
-        if (m := re.fullmatch(r"checkpoint(\d+)\.pt", p.name))
-    ]
+    found = [(int(m.group(1)), p) for p in run_dir.glob("checkpoint*.pt")
+             if (m := re.fullmatch(r"checkpoint(\d+)\.pt", p.name))]  # fmt: skip
     return [p for _, p in sorted(found)]
 
 

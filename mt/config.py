@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING
 
 
 class ConfigError(ValueError):
@@ -115,6 +115,9 @@ class ModelConfig:
     tie_embeddings: str = "all"
     positions: str = "sinusoidal"  # or "learned"
     max_positions: int = 1024
+    # "xavier": every weight matrix xavier_uniform, biases 0 (this project's); "fairseq": fairseq 0.12's transformer
+    # (Q, K, V each xavier_uniform with gain 1/sqrt(2), PyTorch's default for their biases and for the FFN)
+    init: str = "xavier"
 
 
 @dataclass
@@ -288,36 +291,6 @@ def register_configs() -> None:
     cs.store(name="config_schema", node=Config)
     cs.store(name="translate_schema", node=TranslateConfig)
     cs.store(name="serve_schema", node=ServeConfig)
-
-
-def to_dataclass(cfg: DictConfig) -> Any:
-    """Turn a composed DictConfig into its schema dataclass (validating enumerations on the way)."""
-    from mt.config_checks import validate  # the training config's checks import this module's schemas
-
-    obj = OmegaConf.to_object(cfg)
-    if isinstance(obj, Config):
-        validate(obj)
-    elif isinstance(obj, TranslateConfig):
-        obj.checkpoint = checkpoint_list(obj.checkpoint)
-        validate_decode(obj.decode)
-        _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
-        _choice("input_errors", obj.input_errors, ("strict", "replace"))
-        if obj.stream_lines < 1:
-            raise ConfigError(f"stream_lines={obj.stream_lines} is below its minimum 1; fix the override")
-    elif isinstance(obj, ServeConfig):
-        validate_decode(obj.decode)
-        _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
-        for key in ("batch_tokens", "batch_rows", "max_sentences", "max_glossary_terms", "max_request_tokens",
-                    "max_beam", "max_body_bytes", "max_output_tokens", "max_queue_tokens",
-                    "request_timeout_s"):  # fmt: skip
-            if getattr(obj, key) < 1:
-                raise ConfigError(f"{key}={getattr(obj, key)} is below its minimum 1; fix the override")
-        for key in ("requests_per_minute", "tokens_per_minute"):
-            if getattr(obj, key) < 0:
-                raise ConfigError(f"{key}={getattr(obj, key)}: give a number per minute, 0 = no limit")
-        if not 0 <= obj.port <= 65535:
-            raise ConfigError(f"port={obj.port} is outside 0-65535; give a free TCP port (0 = any)")
-    return obj
 
 
 def checkpoint_list(value) -> list[str]:

@@ -1,9 +1,23 @@
-"""Checks of a training config (train.py's `Config`): values its types let through but the code cannot use, each a
-one-line ConfigError naming the key."""
+"""Checks of the configs that the entry points compose (train.py's `Config`, translate.py's and serve.py's): values
+their types let through but the code cannot use, each a one-line ConfigError naming the key; `to_dataclass` turns
+a composed config into its checked dataclass."""
 
 from __future__ import annotations
 
-from mt.config import Config, ConfigError, _choice, parse_direction, validate_decode
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from mt.config import (
+    Config,
+    ConfigError,
+    ServeConfig,
+    TranslateConfig,
+    _choice,
+    checkpoint_list,
+    parse_direction,
+    validate_decode,
+)
 from mt.pretokenize import PRETOKENIZERS
 
 NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents")  # tokenizers.normalizers' classes
@@ -15,6 +29,7 @@ def validate(cfg: Config) -> None:
     _choice("model.norm", cfg.model.norm, ("post", "pre"))
     _choice("model.tie_embeddings", cfg.model.tie_embeddings, ("all", "decoder", "none"))
     _choice("model.positions", cfg.model.positions, ("sinusoidal", "learned"))
+    _choice("model.init", cfg.model.init, ("xavier", "fairseq"))
     _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "linear", "constant"))
     _choice("train.optimizer", cfg.train.optimizer, ("adam", "adamw"))
     _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
@@ -122,3 +137,32 @@ def validate_corpora(cfg: Config) -> None:
             raise ConfigError(f"{where}.tag={c.tag!r}: give a token like <bt> (angle brackets, no spaces)")
         if c.tag is not None and cfg.tokenizer.path:
             raise ConfigError(f"{where}.tag needs a tokenizer trained with it; unset tokenizer.path")
+
+
+def to_dataclass(cfg: DictConfig) -> Any:
+    """Turn a composed DictConfig into its schema dataclass, checked: train.py's (`validate`), translate.py's and
+    serve.py's."""
+    obj = OmegaConf.to_object(cfg)
+    if isinstance(obj, Config):
+        validate(obj)
+    elif isinstance(obj, TranslateConfig):
+        obj.checkpoint = checkpoint_list(obj.checkpoint)
+        validate_decode(obj.decode)
+        _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
+        _choice("input_errors", obj.input_errors, ("strict", "replace"))
+        if obj.stream_lines < 1:
+            raise ConfigError(f"stream_lines={obj.stream_lines} is below its minimum 1; fix the override")
+    elif isinstance(obj, ServeConfig):
+        validate_decode(obj.decode)
+        _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))
+        for key in ("batch_tokens", "batch_rows", "max_sentences", "max_glossary_terms", "max_request_tokens",
+                    "max_beam", "max_body_bytes", "max_output_tokens", "max_queue_tokens",
+                    "request_timeout_s"):  # fmt: skip
+            if getattr(obj, key) < 1:
+                raise ConfigError(f"{key}={getattr(obj, key)} is below its minimum 1; fix the override")
+        for key in ("requests_per_minute", "tokens_per_minute"):
+            if getattr(obj, key) < 0:
+                raise ConfigError(f"{key}={getattr(obj, key)}: give a number per minute, 0 = no limit")
+        if not 0 <= obj.port <= 65535:
+            raise ConfigError(f"port={obj.port} is outside 0-65535; give a free TCP port (0 = any)")
+    return obj

@@ -28,6 +28,7 @@ from mt.tokenizer import (
     TokenizerError,
     Vocab,
     Vocabs,
+    balanced_sample,
     load_run_vocabs,
     sample_pairs,
     train_vocab,
@@ -287,19 +288,6 @@ def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str, tags: tuple[
     return vocabs, {"key": key, "config": asdict(cfg), "pairs": seen, "sampled_pairs": len(sample)}
 
 
-def balanced_sample(languages: list[tuple[TextPairs, str, str]], k: int) -> dict[str, list[str]]:
-    """Up to `k` sentences of each language, from the first direction it appears in: in [en-de, en-fr, en-cs] English
-    is one language of four, not half of the text as in the directions' pairs."""
-    out: dict[str, list[str]] = {}
-    for pairs, src, tgt in languages:
-        if src in out and tgt in out:
-            continue
-        sample, _ = sample_pairs(pairs, k)
-        for side, lang in ((0, src), (1, tgt)):
-            out.setdefault(lang, [p[side] for p in sample])
-    return out
-
-
 def _train_balanced(cfg: TokenizerConfig, languages, key: str, tags: tuple[str, ...]) -> tuple[Vocabs, dict]:
     start = time.perf_counter()
     texts = balanced_sample(languages, cfg.sample_pairs)
@@ -447,7 +435,9 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
             f"{len(corpus.train):,}: set train.bpe_dropout=0"
         )
     max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
-    segments = BPEDropoutSegments(corpus, tc.bpe_dropout, max_len, world, rank)
+    pairs = list(corpus.train_text)
+    kept = [pairs[i] for i in corpus.train_rows]
+    segments = BPEDropoutSegments(kept, corpus.train, corpus.vocabs, tc.bpe_dropout, max_len, world, rank)
     return sampler, BatchLoader(segments, sampler, **ahead), segments
 
 

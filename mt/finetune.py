@@ -22,6 +22,7 @@ from mt import checkpoint, data, runtime
 from mt.config import Config, ConfigError, DataConfig
 from mt.ema import WeightEMA
 from mt.model import Transformer
+from mt.model_card import PARENT_FILE, read_parent, test_scores
 from mt.tokenizer import UNK, Vocabs
 
 log = logging.getLogger(__name__)
@@ -29,7 +30,6 @@ log = logging.getLogger(__name__)
 SHAPE_KEYS = ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "norm", "tie_embeddings",
               "positions", "max_positions")  # fmt: skip
 PARTS = ("embeddings", "encoder", "decoder")  # what train.freeze may name
-PARENT_FILE = "parent.json"  # in the run dir: where the run started from
 UNK_WARNING = 0.005  # share of <unk> tokens in the new data above which the log names the characters
 
 
@@ -154,7 +154,7 @@ def start(trainer, parent: Parent) -> None:
                 trainer.optimizer.state.pop(p, None)
         runtime.use_optimizer_kernel(trainer.optimizer, trainer.device)  # the parent's device may differ
     record = {"path": str(parent.ckpt["path"]), "weights_digest": parent.digest,
-              "test_scores": parent_scores(parent.ckpt), "data": (parent.ckpt.get("config") or {}).get("data", {}),
+              "test_scores": test_scores(parent.ckpt), "data": (parent.ckpt.get("config") or {}).get("data", {}),
               "optimizer": bool(trainer.tc.init_optimizer)}  # fmt: skip
     if trainer.rank == 0:
         (trainer.run_dir / PARENT_FILE).write_text(json.dumps(record, indent=2) + "\n")
@@ -163,22 +163,6 @@ def start(trainer, parent: Parent) -> None:
              ", with its optimizer state" if trainer.tc.init_optimizer else "")  # fmt: skip
     if trainer.rank == 0:
         report_tokenization(parent, trainer.corpus.train_text)
-
-
-def parent_scores(ckpt: dict) -> list[dict]:
-    from mt.model_card import test_reports
-
-    return [{"split": r["name"], **{k: r[k] for k in ("bleu", "bleu_lowercase", "chrf") if k in r}}
-            for r in test_reports(ckpt)]  # fmt: skip
-
-
-def read_parent(run_dir: Path) -> dict | None:
-    """The record `start` wrote in a run dir, if the run started from a parent."""
-    path = Path(run_dir) / PARENT_FILE
-    try:
-        return json.loads(path.read_text()) if path.is_file() else None
-    except (OSError, ValueError):
-        return None
 
 
 def tokenization(vocabs: Vocabs, pairs, n: int = 2000) -> dict:

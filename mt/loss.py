@@ -89,8 +89,8 @@ def projected_label_smoothed_loss(
     """Label-smoothed loss and NLL of the logits `states @ weight.T` without materialising them.
 
     states (N, D), weight (V, D) (the output projection's, bias-free), target (N,); `chunk` rows at a time: by
-    default 256 on the CPU (the fastest on the recipe's shapes, `benchmarks/loss.py`, its logits stay in cache) and
-    8,192 on CUDA (large matmuls keep the GPU busy; memory stays bounded for large vocabularies). Under
+    default 256 on the CPU (the fastest on the recipe's shapes, `benchmarks/speed/loss.py`: its logits stay in
+    cache) and 8,192 on CUDA (large matmuls keep the GPU busy; memory stays bounded for large vocabularies). Under
     `train.compile` it runs eagerly (`run_eagerly_under_compile`)."""
     chunk = chunk or (8192 if runtime.on_cuda(states.device) else 256)
     # forward() runs with autograd off, so whether gradients will be wanted is decided here
@@ -111,7 +111,7 @@ class _ProjectedRDrop(torch.autograd.Function):
 
     (d K_12 / d z_1 = p_1 (d - K_12), d K_21 / d z_1 = p_1 - p_2.) A recipe step runs at 0.47x a plain step's
     target tokens/s, against 0.50x for two plain passes and 0.32x with both passes' logits in full left to autograd
-    (`benchmarks/rdrop_step.py`)."""
+    (`benchmarks/speed/rdrop_step.py`)."""
 
     @staticmethod
     def forward(ctx, h1, h2, weight, target, eps: float, alpha: float, chunk: int, want_grad: bool):

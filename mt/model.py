@@ -229,6 +229,8 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
             elif name.endswith(".bias"):
                 nn.init.zeros_(p)
+        if self.cfg.init == "fairseq":
+            fairseq_init(self)
         # Embeddings ~ N(0, 1/D): multiplied by sqrt(D) (3.4) they enter the residual stream at unit scale,
         # the same scale as the positional encoding, and as the tied output projection they give unit-scale logits.
         for emb in {id(m): m for m in (self.src_embed.tokens, self.tgt_embed.tokens)}.values():
@@ -300,3 +302,23 @@ class Transformer(nn.Module):
     @classmethod
     def from_config_dict(cls, d: dict) -> Transformer:
         return cls(ModelConfig(**d["model"]), d["src_vocab"], d["tgt_vocab"])
+
+
+def fairseq_init(model: Transformer) -> None:
+    """fairseq 0.12's initialization of its `transformer` architecture (`model.init=fairseq`, the replica of issue
+    62), where it differs from `reset_parameters`: each of the D x D projections of Q, K and V xavier_uniform with
+    gain 1/sqrt(2) (fused here: the same bound for self-attention, a smaller one for cross-attention's Q and K/V)
+    with PyTorch's default biases, and both FFN layers PyTorch's default nn.Linear init (kaiming_uniform(a=sqrt(5)),
+    bias uniform(+-1/sqrt(fan_in)); fairseq builds them as plain nn.Linear). Attention outputs (xavier_uniform, bias
+    0), LayerNorms and embeddings (N(0, 1/D), <pad> zero) are initialized alike in both."""
+    for module in model.modules():
+        if isinstance(module, FeedForward):
+            module.linear1.reset_parameters()
+            module.linear2.reset_parameters()
+        elif isinstance(module, Attention):
+            d = module.out_proj.weight.size(0)
+            for proj in (module.q_proj, module.kv_proj) if module.cross else (module.qkv_proj,):
+                with torch.no_grad():
+                    for block in proj.weight.split(d):  # Q, K, V: one D x D matrix each
+                        nn.init.xavier_uniform_(block, gain=1 / math.sqrt(2))
+                    nn.init.uniform_(proj.bias, -1 / math.sqrt(d), 1 / math.sqrt(d))

@@ -19,6 +19,25 @@ def run_files(ckpt: dict) -> Path:
     return path if path.is_dir() else path.parent
 
 
+PARENT_FILE = "parent.json"  # in a fine-tuning run's dir: where the run started from (mt/finetune.py writes it)
+
+
+def read_parent(run_dir: Path) -> dict | None:
+    """The record of the model a fine-tuning run started from (`PARENT_FILE`), if the run started from one."""
+    path = Path(run_dir) / PARENT_FILE
+    try:
+        return json.loads(path.read_text()) if path.is_file() else None
+    except (OSError, ValueError):
+        return None
+
+
+def test_scores(ckpt: dict) -> list[dict]:
+    """The scores of the weights' test reports (`test_reports`): [{split, bleu, bleu_lowercase, chrf}], as /info and
+    a fine-tuning run's record list them."""
+    return [{"split": r["name"], **{k: r[k] for k in ("bleu", "bleu_lowercase", "chrf") if k in r}}
+            for r in test_reports(ckpt)]  # fmt: skip
+
+
 def test_reports(ckpt: dict) -> list[dict]:
     """The test reports of the weights in `ckpt`: the `{split}.report.json` files train.py wrote beside the run's
     checkpoint_final.pt, if `ckpt` is that checkpoint or holds the same weights (the best checkpoint it chose);
@@ -83,8 +102,6 @@ def front_matter(data: dict, reports: list[dict], name: str) -> dict:
 
 def parent_lines(run_dir: Path) -> list[str]:
     """What a fine-tuning run started from (mt/finetune.py's record), with the parent's own test scores."""
-    from mt.finetune import read_parent
-
     parent = read_parent(run_dir)
     if parent is None:
         return []

@@ -21,7 +21,8 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mt.config import register_configs, to_dataclass
+from mt.config import register_configs
+from mt.config_checks import to_dataclass
 from mt.corpus import prepare_data
 from mt.errors import USER_ERRORS
 

@@ -18,7 +18,7 @@ def keep_freed_memory_in_the_heap() -> bool:
     points call it first. Returns whether the settings took.
 
     By default glibc serves large blocks with mmap and unmaps them on free, so every training or decoding step
-    page-faults (and the kernel zeroes) its activations anew; `benchmarks/allocator.py` measures the difference.
+    page-faults (and the kernel zeroes) its activations anew; `benchmarks/speed/allocator.py` measures the difference.
     """
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
@@ -76,8 +76,8 @@ def training_device(name: str, quantize: str) -> torch.device:
 
 # A bf16 training step on a CPU with bf16 instructions pays only from this model width up: with AMX (Intel Xeon)
 # d 512 1.63x fp32, d 256 1.09x, d 128 0.71x; with AVX512-BF16 and no AMX (AMD EPYC Zen 4) d 512 1.56x, d 256
-# 1.21x, d 128 0.89x (benchmarks/train_precision.py, 2026-11-25). Narrower models spend more in the casts and small
-# ops than the bf16 products save.
+# 1.21x, d 128 0.89x (benchmarks/speed/train_precision.py, 2026-11-25). Narrower models spend more in the casts
+# and small ops than the bf16 products save.
 CPU_BF16_MIN_WIDTH = 256
 
 

@@ -2,8 +2,8 @@
 the server's `"split": true`, on by default in the page).
 
 A model trained on sentences translates a paragraph badly: it stops early and drops sentences. Each input line is
-split into sentences in the source language (by `sentencex`, chosen by benchmarks/segmenters.py), the sentences of
-all lines are translated as one batch, and each line's translations are joined back with the line's own
+split into sentences in the source language (by `sentencex`, chosen by benchmarks/quality/segmenters.py), the
+sentences of all lines are translated as one batch, and each line's translations are joined back with the line's own
 separators: its leading whitespace and what stood between its sentences are kept, so a plain-text document comes
 back with its layout and one output line per input line.
 

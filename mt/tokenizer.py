@@ -198,6 +198,19 @@ def sample_pairs(pairs: Iterable[tuple[str, str]], k: int, seed: int = 0) -> tup
         w *= math.exp(math.log(rng.random()) / k)
 
 
+def balanced_sample(languages: list[tuple[Iterable[tuple[str, str]], str, str]], k: int) -> dict[str, list[str]]:
+    """Up to `k` sentences of each language, from the first direction it appears in: in [en-de, en-fr, en-cs] English
+    is one language of four, not half of the text as in the directions' pairs."""
+    out: dict[str, list[str]] = {}
+    for pairs, src, tgt in languages:
+        if src in out and tgt in out:
+            continue
+        sample, _ = sample_pairs(pairs, k)
+        for side, lang in ((0, src), (1, tgt)):
+            out.setdefault(lang, [p[side] for p in sample])
+    return out
+
+
 def train_vocab(
     cfg: TokenizerConfig, pairs: list[tuple[str, str]], sides: tuple[int, ...], tags: tuple[str, ...] = ()
 ) -> Vocab:
@@ -239,3 +252,13 @@ def read_pretokenize(dir: Path) -> dict | None:
         return json.loads(path.read_text())
     except ValueError as e:
         raise TokenizerError(f"{path}: not readable JSON ({e}); restore it from the run or re-export") from None
+
+
+def read_tokenizer_files(dir: Path) -> dict:
+    """The tokenizers of an exported model dir as checkpoints store them (`Vocabs.to_json`: JSON strings, and the
+    pre-tokenization recorded beside them)."""
+    pretokenize = read_pretokenize(dir)
+    extra = {"pretokenize": pretokenize} if pretokenize is not None else {}
+    if (dir / "tokenizer.json").is_file():
+        return {"src": (dir / "tokenizer.json").read_text(), "tgt": None, **extra}
+    return {"src": (dir / "tokenizer.src.json").read_text(), "tgt": (dir / "tokenizer.tgt.json").read_text(), **extra}

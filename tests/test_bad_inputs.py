@@ -459,6 +459,7 @@ ROWS = [
     ("init_from_without_direction_token", "train", _parent("data.directions=[xx-yy]"), "its tokenizer has no <2yy>"),
     ("freeze_unknown_part", "train", _parent("train.freeze=[attention]"), "train.freeze: 'attention' is not a part"),
     ("valid_from_train_too_many", "train", _args("data.valid_from_train=5000"), "data.valid_from_train=5000"),
+    ("model_init_unknown", "train", _args("model.init=he"), "model.init='he' is not one of xavier, fairseq"),
     ("pretokenize_unknown", "train", _args("tokenizer.pretokenize=spacy"), "tokenizer.pretokenize='spacy' is not one"),
     (
         "pretokenize_with_directions",

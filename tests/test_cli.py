@@ -119,7 +119,7 @@ def test_exports_translate_as_the_checkpoint_does(smoke_run, tmp_path):
         out = run(["translate.py", f"checkpoint={tmp_path / export}", "decode=greedy"], input=src).stdout
         assert out == reference, export
     out = run(["translate.py", f"checkpoint={tmp_path / 'ct2-int8'}", "decode=greedy"], input=src).stdout
-    assert len(out.splitlines()) == 100  # its quality is measured on a real model (benchmarks/export_speed.py)
+    assert len(out.splitlines()) == 100  # its quality is measured on a real model (benchmarks/speed/export_speed.py)
 
 
 @needs_multi30k()

@@ -8,7 +8,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from mt.config import Config, ConfigError, register_configs, to_dataclass
+from mt.config import Config, ConfigError, register_configs
+from mt.config_checks import to_dataclass
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 register_configs()

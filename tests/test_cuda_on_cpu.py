@@ -480,7 +480,7 @@ def test_the_training_benchmark_runs_without_transformers():
     code = (
         "import sys, runpy; sys.modules['transformers'] = None; sys.argv = ['train_peers.py', '--shape', 'small', "
         "'--dtypes', 'fp32', '--tokens', '300', '--steps', '1', '--warmup', '0']; "
-        "runpy.run_path('benchmarks/train_peers.py', run_name='__main__')"
+        "runpy.run_path('benchmarks/peers/train_peers.py', run_name='__main__')"
     )
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]

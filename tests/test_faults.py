@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from benchmarks.fuzz_translate import fuzz
-from benchmarks.kill_resume import campaign
+from benchmarks.reliability.fuzz_translate import fuzz
+from benchmarks.reliability.kill_resume import campaign
 from mt.config import DecodeConfig, TokenizerConfig
 from mt.corpus import build_vocabs
 from mt.data import TextPairs

@@ -102,7 +102,7 @@ def test_mixed_precision_steps_are_finite_and_the_loss_falls(dtype):
 
 def test_fused_projection_loss_gradients_in_fp16_match_the_unfused_ones():
     """The fused loss forms the output layer's gradient before the loss scale applies: it must not underflow."""
-    from benchmarks.reference_loss import label_smoothed_loss
+    from benchmarks.speed.reference_loss import label_smoothed_loss
     from mt.loss import projected_label_smoothed_loss
 
     torch.manual_seed(0)

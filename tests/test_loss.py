@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from benchmarks.reference_loss import label_smoothed_loss
+from benchmarks.speed.reference_loss import label_smoothed_loss
 from mt.loss import projected_label_smoothed_loss, projected_rdrop_loss
 from mt.model import Transformer
 from tests.conftest import tiny_model_config

@@ -240,6 +240,35 @@ def test_embedding_scale_and_init():
     assert model.output.weight[PAD].abs().sum() == 0
 
 
+def test_model_init_fairseq_draws_each_parameter_as_fairseq_does():
+    """Issue 62's replica: fairseq 0.12's `transformer` initializes Q, K and V as three D x D matrices
+    (xavier_uniform, gain 1/sqrt(2)) with nn.Linear's default biases, and its FFN as plain nn.Linear layers
+    (bound 1/sqrt(fan_in), biases too); this project's default is xavier_uniform everywhere with zero biases."""
+    torch.manual_seed(0)
+    shape = dict(name="m", d_model=128, n_heads=4, d_ff=256, encoder_layers=1, decoder_layers=1)
+    fairseq = Transformer(ModelConfig(**shape, init="fairseq"), 1000, 1000)
+    torch.manual_seed(0)
+    ours = Transformer(ModelConfig(**shape), 1000, 1000)
+    d, f = 128, 256
+    qkv_bound = math.sqrt(6 / (2 * d)) / math.sqrt(2)
+
+    def uniform(t: torch.Tensor, bound: float) -> bool:  # drawn from U(-bound, bound): its max and its std
+        return t.abs().max() <= bound and abs(t.std().item() - bound / math.sqrt(3)) < 0.06 * bound
+
+    layer, mine = fairseq.decoder[0], ours.decoder[0]
+    for attn in (layer.self_attn, fairseq.encoder[0].self_attn):
+        assert all(uniform(block, qkv_bound) for block in attn.qkv_proj.weight.split(d))
+        assert uniform(attn.qkv_proj.bias, 1 / math.sqrt(d)) and not attn.out_proj.bias.any()
+    for block in (layer.cross_attn.q_proj.weight, *layer.cross_attn.kv_proj.weight.split(d)):
+        assert uniform(block, qkv_bound)  # (this project's: sqrt(6 / 2D) for Q, sqrt(6 / 3D) for K/V fused)
+    assert uniform(mine.cross_attn.q_proj.weight, math.sqrt(6 / (2 * d))) and not mine.cross_attn.q_proj.bias.any()
+    assert uniform(layer.ffn.linear1.weight, 1 / math.sqrt(d)) and uniform(layer.ffn.linear1.bias, 1 / math.sqrt(d))
+    assert uniform(layer.ffn.linear2.weight, 1 / math.sqrt(f)) and uniform(layer.ffn.linear2.bias, 1 / math.sqrt(f))
+    assert uniform(mine.ffn.linear2.weight, math.sqrt(6 / (d + f))) and not mine.ffn.linear2.bias.any()
+    assert torch.equal(fairseq.output.weight, ours.output.weight)  # embeddings drawn first, alike
+    assert torch.equal(layer.sub_ffn.norm.weight, torch.ones(d)) and not layer.sub_ffn.norm.bias.any()
+
+
 def test_tiny_model_memorizes_64_pairs():
     torch.manual_seed(0)
     model = Transformer(tiny_model_config(d_model=64, d_ff=128, n_heads=4), V, V)

@@ -15,7 +15,7 @@ from tests.conftest import MULTI30K, needs_multi30k, read_gz
 @needs_multi30k()
 @pytest.mark.parametrize("lang", ["en", "de", "fr", "cs"])
 def test_moses_round_trip_on_the_multi30k_test_sets(lang):
-    """raw -> tokenized -> detokenized, line by line: the share restored exactly (README, Moses pre-tokenization).
+    """raw -> tokenized -> detokenized, line by line: the share restored exactly (README and docs/train.md).
     What is not: spaces that Moses' rules cannot tell from tokenization ("Keks ." in the source, quotes and
     apostrophes next to words)."""
     lines = read_gz(MULTI30K / f"test_2016_flickr.{lang}.gz")

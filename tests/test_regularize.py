@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from benchmarks.reference_loss import rdrop_loss_from_logits
+from benchmarks.speed.reference_loss import rdrop_loss_from_logits
 from mt.regularize import drop_target_words, rdrop_loss
 from mt.tokenizer import BOS, EOS, PAD, UNK
 from mt.training import TrainingLoss
@@ -83,7 +83,7 @@ def test_alpha_weighs_the_kl_as_the_paper_and_fairseq_do():
 
 def test_fused_rdrop_gives_the_loss_and_gradients_of_the_full_logits():
     """`rdrop_loss` (fused with the output projection, padding rows skipped) against the same loss from both passes'
-    full logits left to autograd (the trainer's before; `benchmarks/rdrop_step.py` times one against the other),
+    full logits left to autograd (the trainer's before; `benchmarks/speed/rdrop_step.py` times one against the other),
     with the same dropout masks."""
     model, batch = _model(0.3), _batch()
     results = []

@@ -1,6 +1,6 @@
 """The data path at WMT size, shown on small corpora: a second run reads no corpus file, the training table holds
 only uint16 ids and lengths, BPE learns from a bounded and recorded sample, BPE-dropout refuses corpora it cannot
-hold. (The figures at 1M-10M pairs come from benchmarks/scale.py.)"""
+hold. (The figures at 1M-10M pairs come from benchmarks/speed/scale.py.)"""
 
 import json
 import random

@@ -78,9 +78,8 @@ def load(cfg: ServeConfig, overrides: list[str]) -> list[Served]:
     """The models of `cfg.checkpoint`, loaded (each checkpoint once), each with its run's decode settings under the
     command line's `decode.*` (`overrides`)."""
     from mt import checkpoint
-    from mt.finetune import read_parent
     from mt.inference import glossary_of, run_decode_settings
-    from mt.model_card import run_files
+    from mt.model_card import read_parent, run_files, test_scores
     from mt.runtime import pick_device
     from mt.translator import Translator
 
@@ -107,12 +106,3 @@ def load(cfg: ServeConfig, overrides: list[str]) -> list[Served]:
         translator, info, own = loaded[path]
         models.append(Served(name, translator, info, own))
     return models
-
-
-def test_scores(ckpt: dict) -> list[dict]:
-    """The scores of the served weights' test reports (mt.model_card.test_reports): [{split, bleu, bleu_lowercase,
-    chrf}]."""
-    from mt.model_card import test_reports
-
-    return [{"split": r["name"], **{k: r[k] for k in ("bleu", "bleu_lowercase", "chrf") if k in r}}
-            for r in test_reports(ckpt)]  # fmt: skip

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Issue 47's trials: changes to the En->De recipe (conf/experiment/multi30k_en_de.yaml), each a 56-minute run with
+# the machine alone, chosen on the whole val set (1,014 sentences; never test), then the finalist against the
+# recipe with several seeds. Issue 62's walk: `replica` (fairseq's recipe mirrored,
+# conf/experiment/multi30k_en_de_fairseq.yaml) and the r_* trials, each one change from it toward this project's
+# recipe (or, r_init, toward fairseq's initialization).
+#
+#   bash benchmarks/quality/recipe_trials.sh base big              # train what is missing, then the val table
+#   SEEDS="1 2 3" bash benchmarks/quality/recipe_trials.sh base big_d3   # the 3-seed confirmation
+#   bash benchmarks/quality/recipe_trials.sh replica r_init r_cased r_prenorm   # issue 62's walk, against the replica
+#   MINUTES=3 OUT=/tmp/trials bash benchmarks/quality/recipe_trials.sh base   # a smoke run
+#
+# A trial is a name and its overrides (below). Every run is scored on the whole val set by translate.py (the
+# run's own model: averaged or EMA, as it translates), and mt.compare puts all the named runs of the first seed
+# side by side against the first name, with paired-bootstrap p-values (sacreBLEU's, 1,000 resamples). Outputs in
+# OUT (run dirs NAME.sSEED, val hypotheses, the table as val.md / val.json); nothing in the repository. avg10 is
+# not a run: averaging changes no update, so it averages the last 10 epoch checkpoints that base keeps (an 8-run
+# budget then has room for one more hypothesis); likewise r_avg5 averages the replica's last 5, and r_gnmt decodes
+# the replica's model with this project's GNMT length penalty (1.5) instead of fairseq's lenpen 0.8.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+DATA=${DATA:-$ROOT/../shared/data}
+OUT=${OUT:-/work/runs/trials}
+MINUTES=${MINUTES:-56}
+SEEDS=${SEEDS:-1}
+M30K=$DATA/multi30k
+
+overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to docs/experiments.md)
+    case $1 in
+        base) echo "train.keep_last=10" ;;  # the recipe as it is (10 epoch checkpoints kept on disk, for avg10)
+        big) echo "train.accumulate=3 train.lr=4e-3 train.warmup=150" ;;  # ~7.5k-token updates, twice the peak lr
+        big_d3) echo "train.accumulate=3 train.lr=4e-3 train.warmup=150 model.dropout=0.3" ;;
+        avg10) echo "" ;;  # fairseq's last-10 average: not a run of its own, base's last 10 epochs averaged
+        ema) echo "train.ema_decay=0.999 train.average_last=0" ;;     # EMA instead of the last-5 average
+        rdrop) echo "train.rdrop_alpha=3" ;;                          # R-Drop (2x compute per update)
+        wdrop) echo "train.tgt_word_dropout=0.1" ;;                   # target-side word dropout
+        lower) echo "tokenizer.normalization=NFC+Lowercase" ;;        # trained lowercased, as fairseq's recipe
+        # issue 62: fairseq's recipe mirrored, then one change at a time toward this project's
+        replica) echo "" ;;
+        r_init) echo "model.init=fairseq" ;;                          # fairseq's initialization (implementation)
+        r_cased) echo "tokenizer.normalization=NFC" ;;                # cased text, what users read
+        r_prenorm) echo "model.norm=pre" ;;
+        r_ffn512) echo "model.d_ff=512" ;;
+        r_d02) echo "model.dropout=0.2" ;;
+        r_hfbpe) echo "tokenizer.pretokenize=none" ;;                 # the HF BPE on raw text (no Moses)
+        r_const) echo "train.max_tokens=2500 train.accumulate=1 train.schedule=constant train.lr=2e-3" \
+            "train.warmup=400 train.cooldown=0.2" ;;  # the recipe's 2.5k-token updates and constant schedule
+        r_avg5 | r_gnmt) echo "" ;;  # not runs of their own: the replica's checkpoints, averaged or decoded otherwise
+        *) echo "error: unknown trial '$1' (see overrides() in $0)" >&2; return 2 ;;
+    esac
+}
+
+experiment() {  # the recipe a trial changes: issue 62's replica for replica and r_*, else the En->De recipe
+    case $1 in replica | r_*) echo multi30k_en_de_fairseq ;; *) echo multi30k_en_de ;; esac
+}
+
+[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower; replica r_init" \
+    "r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt)" >&2; exit 2; }
+for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
+mkdir -p "$OUT"
+for seed in $SEEDS; do
+    for t in "$@"; do
+        run=$OUT/$t.s$seed
+        if [ "$t" = avg10 ]; then  # training is the same as base's: average its last 10 epoch checkpoints
+            [ -f "$OUT/base.s$seed/test_2016_flickr.hyp" ] || {
+                echo "error: avg10 averages base's run: put base before avg10 (bash $0 base avg10)" >&2; exit 2; }
+            mkdir -p "$run"
+            [ -f "$run/val.hyp" ] || {
+                python -m mt.checkpoint "$OUT/base.s$seed" --average-last 10 --output "$OUT/base.s$seed/checkpoint_avg10.pt"
+                python translate.py checkpoint="$OUT/base.s$seed/checkpoint_avg10.pt" input="$M30K/val.en.gz" \
+                    output="$run/val.hyp" device=cpu > /dev/null 2> "$run/val.translate.log"; }
+            continue
+        fi
+        if [ "$t" = r_avg5 ] || [ "$t" = r_gnmt ]; then  # the replica's run, averaged or decoded otherwise
+            replica=$OUT/replica.s$seed
+            [ -f "$replica/test_2016_flickr.hyp" ] || {
+                echo "error: $t reuses the replica's run: put replica before $t (bash $0 replica $t)" >&2; exit 2; }
+            mkdir -p "$run"
+            if [ "$t" = r_avg5 ]; then
+                ckpt=$replica/checkpoint_avg5.pt decode=()
+                [ -f "$ckpt" ] || python -m mt.checkpoint "$replica" --average-last 5 --output "$ckpt"
+            else
+                ckpt=$replica decode=(decode.length_penalty_type=gnmt decode.length_penalty=1.5)
+            fi
+            [ -f "$run/val.hyp" ] || python translate.py checkpoint="$ckpt" "${decode[@]}" input="$M30K/val.en.gz" \
+                output="$run/val.hyp" device=cpu > /dev/null 2> "$run/val.translate.log"
+            continue
+        fi
+        if [ ! -f "$run/test_2016_flickr.hyp" ]; then
+            # shellcheck disable=SC2046
+            python train.py +experiment="$(experiment "$t")" $(overrides "$t") train.seed="$seed" \
+                train.max_time="$MINUTES" train.progress=false run_dir="$run"
+        fi
+        [ -f "$run/val.hyp" ] || python translate.py checkpoint="$run" input="$M30K/val.en.gz" output="$run/val.hyp" \
+            device=cpu > /dev/null 2> "$run/val.translate.log"
+    done
+done
+first=$(set -- $SEEDS; echo "$1")
+if [ $# -lt 2 ]; then  # one trial (a seed of a rematch pair): its val hypotheses are written, there is no table
+    echo "$1: val hypotheses in $OUT/$1.s*/val.hyp (name two trials or more for the val table against the first)"
+    exit 0
+fi
+hyps=() names=()
+for t in "$@"; do hyps+=("$OUT/$t.s$first/val.hyp") names+=("$t"); done
+python -m mt.compare "${hyps[@]}" --refs "$M30K/val.de.gz" --names "$(IFS=,; echo "${names[*]}")" \
+    --json "$OUT/val.s$first.json" | tee "$OUT/val.s$first.md"

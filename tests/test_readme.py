@@ -1,0 +1,119 @@
+"""The README's commands: every command of its ```bash blocks is either run here as written (those that take
+seconds, with their placeholders filled: a tiny run for RUN_DIR, small files for test.en and the like) or listed
+with the reason it is not, so that the README cannot drift from the code unnoticed."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MULTI30K, ROOT, write_toy_corpus
+
+SMOKE = "python train.py +experiment=smoke data.dir=../shared/data/multi30k"
+INSTALL_CHECK = (
+    'echo "A dog runs on the beach." | python translate.py checkpoint=runs/multi30k_en-de_transformer_compact'
+)
+
+# Run as written, placeholders filled (`fill`); each must exit 0 (and what it writes is checked below).
+RUN = [
+    SMOKE,
+    INSTALL_CHECK,
+    "python translate.py checkpoint=RUN_DIR < test.en > test.hyp",
+    "python translate.py checkpoint=RUN_DIR decode.nbest=5 decode.beam_size=5",
+    "python translate.py checkpoint=[RUN_A,RUN_B] < test.en > test.hyp",
+    "python translate.py checkpoint=RUN_DIR decode=sample decode.seed=1 < mono.de > bt.en",
+    "python translate.py checkpoint=RUN_DIR split=true < document.en > document.de",
+    "python translate.py checkpoint=RUN_DIR glossary=terms.tsv < test.en",
+    "python translate.py checkpoint=RUN_DIR input=test.en output=test.hyp references=test.de",
+    "python -m mt.compare A.hyp B.hyp --refs test.de",
+    "python -m mt.export release RUN_DIR release/",
+    "python -m mt.export ctranslate2 RUN_DIR ct2/ --quantization int8",
+]
+# Not run here, and why (the same code paths run elsewhere in the suite where they can).
+NOT_RUN = {
+    'pip install torch==2.13.0 && pip install -e ".[dev]"': "what .ci/run does before the suite",
+    "python train.py +experiment=multi30k_en_de": "56 minutes (docs/experiments.md has its runs)",
+    "python train.py data=local data.dir=/path/corpus data.src_lang=fr data.tgt_lang=en": "a placeholder corpus "
+    "(tests/test_cli.py trains from local files)",
+    "python train.py model=transformer_base data=wmt14_en_de tokenizer=bpe32k train.max_tokens=8000": "WMT14, hours",
+    "torchrun --nproc_per_node=2 train.py +experiment=multi30k_en_de": "56 minutes (tests/test_cli.py runs torchrun)",
+    "python train.py +experiment=finetune data=local data.dir=../shared/data/opus_emea_de_en data.src_lang=en "
+    "data.tgt_lang=de data.valid_from_train=500 train.init_from=runs/en_de run_dir=runs/emea": "10 minutes after a "
+    "56-minute parent (tests/test_finetune.py)",
+    "python serve.py checkpoint=RUN_DIR port=8080": "serves until stopped (tests/test_serve_team.py starts serve.py)",
+    "python serve.py checkpoint=RUN_DIR host=0.0.0.0 api_keys=keys.txt requests_per_minute=60 "
+    "tokens_per_minute=20000": "serves until stopped, on every interface",
+    "curl -s localhost:8080/translate -H 'content-type: application/json' -d "
+    '\'{"src": ["A dog runs.", "Two men."]}\'': "needs the server above (tests/test_server.py posts the same body)",
+}
+
+
+def readme_commands() -> list[str]:
+    """The commands of the README's bash blocks, continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S):
+        joined = re.sub(r"\\\n\s*", "", block)
+        commands += [re.sub(r"\s+#.*$", "", line).strip() for line in joined.splitlines() if line.strip()]
+    return list(dict.fromkeys(commands))
+
+
+def test_every_readme_command_is_run_or_says_why_not():
+    commands = readme_commands()
+    unlisted = [c for c in commands if c not in RUN and c not in NOT_RUN]
+    assert not unlisted, f"README commands neither run by tests/test_readme.py nor listed in NOT_RUN: {unlisted}"
+    gone = [c for c in [*RUN, *NOT_RUN] if c not in commands]
+    assert not gone, f"commands no longer in the README: {gone}"
+
+
+@pytest.fixture(scope="module")
+def beam_run(tmp_path_factory) -> Path:
+    """A tiny run (toy corpus) whose saved decoding is a beam, as every recipe's is."""
+    from mt.config import DecodeConfig
+    from mt.corpus import prepare_data
+    from mt.training import Trainer
+    from tests.test_training import make_config
+
+    corpus, run = write_toy_corpus(tmp_path_factory.mktemp("corpus")), tmp_path_factory.mktemp("run")
+    cfg = make_config(corpus, run, max_updates=30, max_epochs=3, lr=5e-3)
+    cfg = replace(cfg, decode=DecodeConfig(beam_size=4, max_tokens=500))
+    Trainer(cfg, prepare_data(cfg, run, cfg.model.max_positions), run).fit(job_start=0)
+    return run
+
+
+def fill(command: str, run: Path, smoke: Path, tmp: Path) -> str:
+    """`command` with its placeholders filled: run dirs, and files in `tmp` (written by the test)."""
+    names = {"RUN_DIR": run, "RUN_A": run, "RUN_B": run, "runs/multi30k_en-de_transformer_compact": smoke,
+             "release/": tmp / "release", "ct2/": tmp / "ct2"}  # fmt: skip
+    for name in ("test.en", "test.hyp", "test.de", "mono.de", "bt.en", "document.en", "document.de", "terms.tsv",
+                 "A.hyp", "B.hyp"):  # fmt: skip
+        names[name] = tmp / name
+    pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
+    filled = re.sub(rf"(?<![\w/.])({pattern})(?![\w])", lambda m: str(names[m.group(1)]), command)
+    return filled + (f" run_dir={smoke} train.progress=false" if command == SMOKE else "")
+
+
+@pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason=f"Multi30k not found at {MULTI30K}")
+def test_the_readme_commands_that_take_seconds_run_as_written(beam_run, tmp_path):
+    smoke = tmp_path / "smoke"
+    lines = ["the cat sees a dog", "a big red house", "the small tree runs"]
+    for name, text in {"test.en": lines, "mono.de": lines, "test.de": [" ".join(x.split()[::-1]) for x in lines],
+                       "document.en": ["the cat sees a dog. a big red house.", "", "  the small tree runs."],
+                       "terms.tsv": ["dog\tdog"], "A.hyp": lines, "B.hyp": lines[::-1]}.items():  # fmt: skip
+        (tmp_path / name).write_text("\n".join(text) + "\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "2", "HYDRA_FULL_ERROR": "0"}
+    for command in RUN:
+        filled = fill(command, beam_run, smoke, tmp_path)
+        p = subprocess.run(
+            filled, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL
+        )
+        assert p.returncode == 0, f"{command}\n{filled}\n{p.stderr[-2000:]}"
+        if command == INSTALL_CHECK:
+            assert p.stdout.count("\n") == 1 and p.stdout.strip(), p.stdout  # one German line for the one line
+    assert len((tmp_path / "test.hyp").read_text().splitlines()) == 3
+    assert len((tmp_path / "document.de").read_text().splitlines()) == 3  # the layout kept
+    assert (tmp_path / "release" / "model.safetensors").is_file() and (tmp_path / "ct2" / "model.bin").is_file()
