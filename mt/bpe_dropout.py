@@ -30,6 +30,14 @@ class BPEDropoutSegments:
         self.tokenizers = {"src_ids": src, "tgt_ids": src if vocabs.joint else with_bpe_dropout(vocabs.tgt, p)}
         self.max_len, self.world, self.rank = max_len, world, rank
 
+    @classmethod
+    def of(cls, corpus, p: float, max_len: int, world: int, rank: int) -> BPEDropoutSegments:
+        """For a run's corpus (mt.corpus.Corpus: its training text, the rows the filters kept, their table and
+        vocabularies)."""
+        pairs = list(corpus.train_text)
+        kept = [pairs[i] for i in corpus.train_rows]
+        return cls(kept, corpus.train, corpus.vocabs, p, max_len, world, rank)
+
     def resegment(self) -> tuple[list[int], list[int]]:
         """Draw this epoch's segmentation; returns the source and target lengths the sampler batches by."""
         if self.rank == 0:

@@ -435,9 +435,7 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
             f"{len(corpus.train):,}: set train.bpe_dropout=0"
         )
     max_len = min(cfg.data.max_len, cfg.model.max_positions - 1)
-    pairs = list(corpus.train_text)
-    kept = [pairs[i] for i in corpus.train_rows]
-    segments = BPEDropoutSegments(kept, corpus.train, corpus.vocabs, tc.bpe_dropout, max_len, world, rank)
+    segments = BPEDropoutSegments.of(corpus, tc.bpe_dropout, max_len, world, rank)
     return sampler, BatchLoader(segments, sampler, **ahead), segments
 
 

@@ -229,14 +229,14 @@ class Transformer(nn.Module):
                 nn.init.xavier_uniform_(p)
             elif name.endswith(".bias"):
                 nn.init.zeros_(p)
-        if self.cfg.init == "fairseq":
-            fairseq_init(self)
         # Embeddings ~ N(0, 1/D): multiplied by sqrt(D) (3.4) they enter the residual stream at unit scale,
         # the same scale as the positional encoding, and as the tied output projection they give unit-scale logits.
         for emb in {id(m): m for m in (self.src_embed.tokens, self.tgt_embed.tokens)}.values():
             nn.init.normal_(emb.weight, 0.0, self.cfg.d_model**-0.5)
             with torch.no_grad():
                 emb.weight[PAD].zero_()
+        if self.cfg.init == "fairseq":
+            fairseq_init(self)
 
     def encode(self, src: Tensor, src_pad_mask: Tensor) -> Tensor:
         """src (B, S) ids -> memory (B, S, D)."""

@@ -454,7 +454,7 @@ def _resegment_on_rank(rank: int, port: int, corpus_dir: Path, run_dir: Path, ou
     try:
         cfg = make_config(corpus_dir, run_dir)
         corpus = prepare_data(cfg, run_dir, cfg.model.max_positions)
-        segments = BPEDropoutSegments(corpus, 0.5, 127, world=2, rank=rank)
+        segments = BPEDropoutSegments.of(corpus, 0.5, 127, world=2, rank=rank)
         out.put((rank, [segments.resegment() for _ in range(2)], segments.ids))
     finally:
         dist.destroy_process_group()
