@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mt import runtime
+from mt.config import ModelConfig
 from mt.ct2 import EXPORT_FORMAT as CT2_FORMAT
 from mt.model import Transformer
 from mt.tokenizer import Vocabs, read_tokenizer_files
@@ -188,7 +189,8 @@ def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: 
             raise
         log.warning("%s; resuming from the checkpoint before it, %s", e, previous(path))
         ckpt = load(previous(path))
-    if ckpt["model_args"] != model.config_dict():
+    saved = ckpt["model_args"]  # a key added to ModelConfig since it was written takes its default (model.init)
+    if {**saved, "model": asdict(ModelConfig(**saved["model"]))} != model.config_dict():
         raise CheckpointError(
             f"{path}: was trained with a different model or vocabulary; use a new run_dir or train.resume=never"
         )
