@@ -20,14 +20,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mt import distributed, finetune
+from mt.train import distributed, finetune
 from mt.config import register_configs
 from mt.config_checks import to_dataclass
-from mt.corpus import prepare_data
+from mt.data.corpus import prepare_data
 from mt.errors import USER_ERRORS
-from mt.finish import finish
+from mt.train.finish import finish
 from mt.runtime import keep_freed_memory_in_the_heap, prefer_expandable_segments
-from mt.training import Trainer, restore_signal_handlers
+from mt.train.trainer import Trainer, restore_signal_handlers
 
 log = logging.getLogger("train")
 register_configs()

@@ -24,13 +24,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mt import checkpoint
+from mt.model import saved
 from mt.config import TranslateConfig, register_configs
 from mt.config_checks import to_dataclass
 from mt.errors import USER_ERRORS
-from mt.inference import glossary_of, run_decode_settings, translate_stream, translate_whole
+from mt.decode.loading import glossary_of, run_decode_settings
+from mt.evaluate.translate_files import translate_stream, translate_whole
 from mt.runtime import keep_freed_memory_in_the_heap, pick_device, prefer_expandable_segments
-from mt.translator import Translator
+from mt.decode.translator import Translator
 
 log = logging.getLogger("translate")
 register_configs()
@@ -43,7 +44,7 @@ def main(dcfg: DictConfig) -> None:
     keep_freed_memory_in_the_heap()  # beam search's cache buffers and logits would otherwise page-fault anew
     try:
         cfg: TranslateConfig = to_dataclass(dcfg)
-        ckpts = [checkpoint.load(path) for path in cfg.checkpoint]  # several: an ensemble
+        ckpts = [saved.load(path) for path in cfg.checkpoint]  # several: an ensemble
         ckpt = ckpts[0]  # whose run's decoding settings and data config apply
         d = cfg.decode = run_decode_settings(cfg.decode, ckpt, list(HydraConfig.get().overrides.task))
         log.info(

@@ -77,6 +77,9 @@ class DataConfig:
     valid_from_train: int = 0
 
 
+PRETOKENIZERS = ("none", "moses")  # tokenizer.pretokenize: none, or Moses (mt/data/pretokenize.py)
+
+
 @dataclass
 class TokenizerConfig:
     vocab_size: int = 8000
@@ -94,7 +97,7 @@ class TokenizerConfig:
     # Load this tokenizer.json instead of training one.
     path: str | None = None
     # "moses": Moses-tokenize source and target (in data.src_lang / data.tgt_lang) before the BPE, and detokenize
-    # translations after it (mt/pretokenize.py), as fairseq's recipes prepare text; saved with the tokenizer.
+    # translations after it (mt/data/pretokenize.py), as fairseq's recipes prepare text; saved with the tokenizer.
     pretokenize: str = "none"
 
 
@@ -145,11 +148,11 @@ class TrainConfig:
     clip_norm: float = 0.0
     label_smoothing: float = 0.1
     rdrop_alpha: float = 0.0  # R-Drop: the weight of the two dropout passes' symmetric KL (0 = off; 2x compute)
-    tgt_word_dropout: float = 0.0  # each decoder-input token -> <unk> with this probability (mt/regularize.py)
+    tgt_word_dropout: float = 0.0  # each decoder-input token -> <unk> with this probability (mt/train/regularize.py)
     # BPE-dropout (Provilkov et al., 2020): each epoch re-segments the training pairs skipping each merge with this
     # probability; validation, test and translate.py keep the deterministic segmentation. 0 = off.
     bpe_dropout: float = 0.0
-    # Exponential moving average of the weights (mt/ema.py): validated, checkpointed and kept as the run's model
+    # Exponential moving average of the weights (mt/train/ema.py): validated, checkpointed and kept as the run's model
     # while the raw weights train; e.g. 0.999. 0 = off.
     ema_decay: float = 0.0
     ema_validate_raw: bool = True  # with ema_decay: also validate the raw weights (metrics "raw_valid_*")
@@ -166,10 +169,10 @@ class TrainConfig:
     deterministic: bool = False
     resume: str = "auto"  # auto | never | path to a checkpoint
     # Continue a run although this command changes what decides its batches or updates (train.lr, max_tokens,
-    # data, world size, ...: mt.checkpoint.RESUME_KEYS); without it such a resume stops with an error.
+    # data, world size, ...: mt.train.checkpoint.RESUME_KEYS); without it such a resume stops with an error.
     resume_anyway: bool = False
     # Start a new run from a trained model (a run dir, a .pt or a release): its weights, tokenizer and architecture;
-    # optimizer, schedule, counters, best score and data order start fresh (mt/finetune.py).
+    # optimizer, schedule, counters, best score and data order start fresh (mt/train/finetune.py).
     init_from: str | None = None
     init_optimizer: bool = False  # with init_from: carry the parent's Adam moments over (of a run dir: its last)
     freeze: list[str] = field(default_factory=list)  # parts that do not train: embeddings, encoder, decoder
@@ -197,7 +200,7 @@ class DecodeConfig:
     no_unk: bool = False
     max_tokens: int = 8000  # source tokens per decoding batch
     use_cache: bool = True
-    quantize: str = "none"  # none | int8: int8 weights in every linear layer for CPU decoding (mt.model.quantize_int8)
+    quantize: str = "none"  # none | int8: int8 weights in every linear layer for CPU decoding (mt/model/quantize.py)
     # Sampling instead of search (beam_size 1): each token drawn from the model's distribution at `temperature`,
     # restricted to the `topk` most probable (0 = all) and to the smallest set of mass >= `topp` (1.0 = all);
     # `nbest` samples per line. Reproducible: line i's draws come from (seed, i) alone, whatever the batching.
@@ -223,7 +226,7 @@ class Config:
 @dataclass
 class TranslateConfig:
     # A run dir (its final checkpoint), a .pt file, a release or a CTranslate2 export; a list [A,B,...] of the first
-    # three decodes them as an ensemble (mt/ensemble.py).
+    # three decodes them as an ensemble (mt/decode/ensemble.py).
     checkpoint: Any = MISSING
     input: str = "-"  # a file, or - for stdin
     input_errors: str = "strict"  # bytes that are not UTF-8: strict (a one-line error naming the line) | replace
@@ -233,14 +236,14 @@ class TranslateConfig:
     output: str = "-"  # a file, or - for stdout
     # A file of target prefixes, one per input line (an empty line = none): each translation starts with its prefix.
     prefix: str | None = None
-    # Terminology (mt/constraints.py): a file of target phrases each line's translation must contain, one line per
-    # input line, phrases separated by tabs (an empty line = none); and/or a glossary, TSV "source term<TAB>target
-    # term": the terms whose source side occurs in a line (whole words) become its constraints.
+    # Terminology (mt/decode/constraints.py): a file of target phrases each line's translation must contain, one
+    # line per input line, phrases separated by tabs (an empty line = none); and/or a glossary, TSV "source
+    # term<TAB>target term": the terms whose source side occurs in a line (whole words) become its constraints.
     constraints: str | None = None
     glossary: str | None = None
     glossary_ignore_case: bool = False  # source terms match whatever their case
-    # Each line a paragraph (or a document's line): translated sentence by sentence (mt/segment.py), joined back with
-    # its own spacing and indentation. Off by default: a test set has one sentence per line.
+    # Each line a paragraph (or a document's line): translated sentence by sentence (mt/decode/segment.py), joined
+    # back with its own spacing and indentation. Off by default: a test set has one sentence per line.
     split: bool = False
     tgt_lang: str | None = None  # the target language of a multilingual model (data.directions); others ignore it
     references: str | None = None  # a file, or a split name of the checkpoint's data config (e.g. test_2016_flickr)

@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mt.config import (
+    PRETOKENIZERS,
     Config,
     ConfigError,
     ServeConfig,
@@ -18,7 +19,6 @@ from mt.config import (
     parse_direction,
     validate_decode,
 )
-from mt.pretokenize import PRETOKENIZERS
 
 NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents")  # tokenizers.normalizers' classes
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from mt.config import ModelConfig, TokenizerConfig
-from mt.model import Transformer
-from mt.tokenizer import BOS, EOS, PAD
+from mt.data.tokenizer import BOS, EOS, PAD
+from mt.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parent.parent
 MULTI30K = (ROOT / ".." / "shared" / "data" / "multi30k").resolve()
@@ -100,8 +100,8 @@ def toy_vocab(tmp_path_factory):
     """The toy corpus (yy = xx's words reversed) and its BPE."""
     import datasets
 
-    from mt.corpus import build_vocabs
-    from mt.data import TextPairs
+    from mt.data.corpus import build_vocabs
+    from mt.data.read import TextPairs
 
     corpus = write_toy_corpus(tmp_path_factory.mktemp("corpus"))
     pairs = toy_pairs(corpus)
@@ -114,7 +114,7 @@ def toy_vocab(tmp_path_factory):
 def train_tiny(vocabs, pairs, **model) -> Transformer:
     """A few hundred updates on the toy task: outputs that mostly end with </s> well before the length limit."""
     torch.manual_seed(0)
-    from mt.batching import collate
+    from mt.data.batching import collate
 
     m = Transformer(tiny_model_config(**model), len(vocabs.src), len(vocabs.tgt))
     opt = torch.optim.Adam(m.parameters(), lr=3e-3)
@@ -138,7 +138,7 @@ def cuda_branches(monkeypatch):
     pinned. What this cannot reach: NCCL, the CUDA kernels (SDPA, fused Adam's CUDA kernel) and real device
     synchronisation (docs/gpu.md)."""
     from mt import runtime
-    from mt.batching import Batch
+    from mt.data.batching import Batch
 
     pinned: list[Batch] = []
 
@@ -207,9 +207,9 @@ def multilingual_config(corpus: Path, run_dir: Path, **train):
 @pytest.fixture(scope="session")
 def multilingual_run(tmp_path_factory):
     """A multilingual toy run (xx->yy, xx->zz), trained, validated and tested: (run dir, trainer, finish's result)."""
-    from mt.corpus import prepare_data
-    from mt.finish import finish
-    from mt.training import Trainer
+    from mt.data.corpus import prepare_data
+    from mt.train.finish import finish
+    from mt.train.trainer import Trainer
 
     corpus = write_toy_corpus(tmp_path_factory.mktemp("multiway"), multiway=True)
     run = tmp_path_factory.mktemp("multilingual")

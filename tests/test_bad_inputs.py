@@ -62,7 +62,7 @@ def finished(tmp_path_factory) -> tuple[Path, Path]:
     return corpus, run_dir
 
 
-# train.py's log records ("[2026-11-23 10:00:00,000][mt.data][INFO] - ...") and translate.py's ("INFO ...").
+# train.py's log records ("[2026-11-23 10:00:00,000][mt.data.read][INFO] - ...") and translate.py's ("INFO ...").
 LOG_RECORD = re.compile(r"^(\[\d{4}-\d\d-\d\d [\d:,]+\]\[[\w.]+\]\[(INFO|WARNING)\] - |(INFO|WARNING) )")
 
 
@@ -174,8 +174,8 @@ def _other_tokenizer(c, r, t):
     import datasets
 
     from mt.config import TokenizerConfig
-    from mt.corpus import build_vocabs
-    from mt.data import TextPairs
+    from mt.data.corpus import build_vocabs
+    from mt.data.read import TextPairs
 
     words = [" ".join(w[::-1] for w in line.split()) for line in lines_of(c / "train.xx")]
     build_vocabs(

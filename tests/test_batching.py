@@ -8,11 +8,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mt import data
-from mt.batching import TokenBucketSampler, collate, make_batches
 from mt.config import DataConfig, TokenizerConfig
-from mt.corpus import build_vocabs, tokenize
-from mt.tokenizer import BOS, EOS, PAD
+from mt.data import read
+from mt.data.batching import TokenBucketSampler, collate, make_batches
+from mt.data.corpus import build_vocabs, tokenize
+from mt.data.tokenizer import BOS, EOS, PAD
 from tests.conftest import MULTI30K, needs_multi30k
 
 lengths = st.lists(st.tuples(st.integers(1, 60), st.integers(1, 60)), min_size=1, max_size=300)
@@ -146,8 +146,8 @@ def test_collate_builds_teacher_forcing_pairs():
 @needs_multi30k()
 def test_padding_efficiency_on_multi30k_train(tmp_path, capsys):
     cfg = DataConfig(name="multi30k", dir=str(MULTI30K), src_lang="en", tgt_lang="de")
-    train = data.load_split(cfg, "train")
-    ds = tokenize(train, build_vocabs(TokenizerConfig(vocab_size=8000), data.TextPairs.of_table(train), tmp_path))
+    train = read.load_split(cfg, "train")
+    ds = tokenize(train, build_vocabs(TokenizerConfig(vocab_size=8000), read.TextPairs.of_table(train), tmp_path))
     src = np.array([len(s) + 1 for s in ds["src_ids"]])
     tgt = np.array([len(t) + 1 for t in ds["tgt_ids"]])
     bucketed = TokenBucketSampler(src, tgt, 4096, seed=1).padding_efficiency()
@@ -163,14 +163,14 @@ def test_padding_efficiency_on_multi30k_train(tmp_path, capsys):
 def test_prefetching_loader_gives_the_same_batches_and_resumes_exactly(toy_corpus, tmp_path):
     """Batches collated ahead in a thread: the same batches in the same order, and the sampler's position counts
     only those handed out, so a checkpoint between two of them resumes where a plain loader would."""
-    from mt.batching import BatchLoader
-    from mt.corpus import make_sampler
+    from mt.data.batching import BatchLoader
+    from mt.data.corpus import make_sampler
     from tests.test_training import make_config, prepare_data
 
     cfg = make_config(toy_corpus, tmp_path / "run")
     train = prepare_data(cfg, tmp_path / "run", 128).train
     ids = train.select_columns(["src_ids", "tgt_ids"])
-    sampler = lambda: make_sampler(data.length_columns(train), 150, seed=1, shuffle=True)  # noqa: E731
+    sampler = lambda: make_sampler(read.length_columns(train), 150, seed=1, shuffle=True)  # noqa: E731
     s_plain = sampler()
     plain = [b.ids for b in BatchLoader(ids, s_plain)] + [b.ids for b in BatchLoader(ids, s_plain)]
     s_ahead = sampler()
@@ -189,7 +189,7 @@ def test_prefetching_loader_gives_the_same_batches_and_resumes_exactly(toy_corpu
 
 
 def test_prefetching_loader_raises_what_the_worker_hit():
-    from mt.batching import BatchLoader, TokenBucketSampler
+    from mt.data.batching import BatchLoader, TokenBucketSampler
 
     class Broken:
         def __getitem__(self, idx):

@@ -197,9 +197,9 @@ def test_attention_plot_has_source_by_output_shape(smoke_run, tmp_path):
     )
     matrix = torch.load(png.with_suffix(".attn.pt"))
     assert Image.open(png).size[0] > 100
-    from mt import checkpoint
+    from mt.model import saved
 
-    _, vocabs = checkpoint.build_model(checkpoint.load(smoke_run))
+    _, vocabs = saved.build_model(saved.load(smoke_run))
     assert matrix.shape[1] == len(vocabs.src.encode("a man on a bike .")) + 1  # source tokens + </s>
     torch.testing.assert_close(matrix.sum(1), torch.ones(matrix.shape[0]))  # each output row is a distribution
 
@@ -335,7 +335,7 @@ def test_translate_decodes_with_the_runs_settings_unless_overridden():
     """A recipe's tuned decoding (saved in the checkpoint's config) is the default; decode.* keys override single
     settings and a decode group on the command line replaces them."""
     from mt.config import DecodeConfig
-    from mt.inference import run_decode_settings
+    from mt.decode.loading import run_decode_settings
 
     ckpt = {"config": {"decode": {**vars(DecodeConfig()), "beam_size": 5, "length_penalty": 1.5}}}
     cli = DecodeConfig(beam_size=4, length_penalty=1.0, nbest=3)
@@ -390,7 +390,7 @@ def torchrun(args: list[str]) -> subprocess.CompletedProcess:
 def test_torchrun_resume_is_exact_on_every_rank(toy_corpus, tmp_path):
     """Two ranks with dropout on, stopped after 4 updates and resumed to 10, end bitwise where an uninterrupted
     two-rank run does: each rank gets its own RNG states back (rank 0's on every rank drew other dropout masks)."""
-    from mt import checkpoint
+    from mt.model import saved
 
     common = [
         "train.py", "data=local", f"data.dir={toy_corpus}", "data.src_lang=xx", "data.tgt_lang=yy",
@@ -402,7 +402,7 @@ def test_torchrun_resume_is_exact_on_every_rank(toy_corpus, tmp_path):
     torchrun([*common, f"run_dir={tmp_path / 'resumed'}", "train.max_updates=4"])
     p = torchrun([*common, f"run_dir={tmp_path / 'resumed'}", "train.max_updates=10"])
     assert "resumed from" in p.stderr
-    a = checkpoint.load(tmp_path / "straight" / "checkpoint_last.pt")
-    b = checkpoint.load(tmp_path / "resumed" / "checkpoint_last.pt")
+    a = saved.load(tmp_path / "straight" / "checkpoint_last.pt")
+    b = saved.load(tmp_path / "resumed" / "checkpoint_last.pt")
     assert a["update"] == b["update"] == 10 and len(b["rng_per_rank"]) == 2
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

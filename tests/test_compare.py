@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mt.compare import compare, load_systems, main
+from mt.evaluate.compare import compare, load_systems, main
 from tests.conftest import MULTI30K, read_gz
 
 
@@ -56,7 +56,7 @@ def test_identical_systems_are_not_different_and_a_better_one_is(systems, tmp_pa
 
 def test_approximate_randomization_agrees(systems):
     refs, hyps = systems
-    from mt.compare import System
+    from mt.evaluate.compare import System
 
     result = compare([System(n, n, hyps[n]) for n in ("base", "better", "alike")], refs, ar=True, samples=200)
     better, alike = (s["metrics"]["BLEU"] for s in result["systems"][1:])

@@ -14,7 +14,7 @@ import tarfile
 import pytest
 import torch
 
-from mt.translator import Translator
+from mt.decode.translator import Translator
 from tests.conftest import ROOT
 from tests.fixtures.make_compat import LINES, OLD_COMMIT, TRAIN
 
@@ -47,7 +47,7 @@ def test_a_checkpoint_and_a_release_written_before_translate_as_they_did(written
 def test_a_run_written_before_resumes_bitwise(written_before, tmp_path):
     """Both runs in fresh processes of today's code: the old run resumed for 6 more updates, and a run from the
     start to the same update; their weights are equal."""
-    from mt import checkpoint
+    from mt.model import saved
 
     resumed, straight = tmp_path / "resumed", tmp_path / "straight"
     shutil.copytree(written_before / "run", resumed)
@@ -61,6 +61,6 @@ def test_a_run_written_before_resumes_bitwise(written_before, tmp_path):
         assert p.returncode == 0, p.stderr[-3000:]
         said[run] = p.stderr
     assert "resumed from" in said[resumed] and "resumed from" not in said[straight]
-    a, b = (checkpoint.load(run / "checkpoint_last.pt") for run in (resumed, straight))
+    a, b = (saved.load(run / "checkpoint_last.pt") for run in (resumed, straight))
     assert a["update"] == b["update"] == updates
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])

@@ -1,4 +1,4 @@
-"""Lexically constrained beam search (mt/constraints.py) and its glossary (mt/terminology.py)."""
+"""Lexically constrained beam search (mt/decode/constraints.py) and its glossary (mt/decode/terminology.py)."""
 
 import logging
 
@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from mt.config import ConfigError, DecodeConfig
-from mt.constraints import Constraints, constrained_beam_search, stripes
-from mt.ensemble import Ensemble
-from mt.search import beam_search
-from mt.terminology import Glossary
-from mt.tokenizer import EOS, PAD
+from mt.data.tokenizer import EOS, PAD
+from mt.decode.constraints import Constraints, constrained_beam_search, stripes
+from mt.decode.ensemble import Ensemble
+from mt.decode.search import beam_search
+from mt.decode.terminology import Glossary
 from tests.test_search import TABLE, A, B, OracleModel, padded_sources
 
 
@@ -59,7 +59,7 @@ def test_repeated_phrases_must_each_appear():
 
 
 def test_overlapping_phrases_are_each_met_where_their_words_are():
-    """One rule (mt/constraints.py): a phrase is met wherever its words occur, inside or overlapping another one
+    """One rule (mt/decode/constraints.py): a phrase is met wherever its words occur, inside or overlapping another one
     too. Before: ["cat", "cat dog"] in "house cat dog" counted 2 of 2 but ["dog", "cat dog"] 1 of 2, and the search
     forced a redundant "dog" ("house house dog cat dog")."""
     house, cat, dog = 10, 11, 12  # each begins a word
@@ -184,7 +184,7 @@ def test_the_glossary_matches_whole_words_longest_first():
 
 def test_ignoring_case_folds_terms_and_text_alike():
     """Before: re.IGNORECASE matched "İstanbul" and "sıt" but the casefold() lookup of the match raised KeyError (a
-    500 in the server, a traceback in translate.py). Now both sides are folded the same way (mt.terminology.fold):
+    500 in the server, a traceback in translate.py). Now both sides are folded the same way (terminology.fold):
     the Turkish capital İ folds to i, the dotless ı stays a letter of its own."""
     g = Glossary({"istanbul": "Istanbul", "sit": "Sitz", "STRASSE": "Straße"}, ignore_case=True)
     assert g.find("the dog in İstanbul") == ["Istanbul"] and g.find("ISTANBUL") == ["Istanbul"]
@@ -225,7 +225,7 @@ def test_a_glossary_file_with_two_translations_of_a_term_is_refused_naming_both_
 
 
 def test_the_translator_meets_constraints_and_glossary_terms(toy_run, caplog):
-    from mt.translator import Translator
+    from mt.decode.translator import Translator
 
     t = Translator.load(toy_run, beam_size=4)
     lines = ["the cat sees", "a dog", ""]
@@ -239,6 +239,6 @@ def test_the_translator_meets_constraints_and_glossary_terms(toy_run, caplog):
         t.translate(lines, constraints=[["a"], [], []], beam_size=1)
     with pytest.raises(ConfigError, match="not sampling"):
         t.translate(lines, constraints=[["a"], [], []], sampling=True)
-    with caplog.at_level(logging.WARNING, logger="mt.terminology"):
+    with caplog.at_level(logging.WARNING, logger="mt.decode.terminology"):
         t.translate(["a"], constraints=[["the cat " * 40]])  # cannot fit: warned, translated plainly
     assert "line 1: 1 of 1 constraints not met" in caplog.text

@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mt import checkpoint
+from mt import errors
 from mt.config import ConfigError, CorpusConfig
 from mt.config_checks import validate
-from mt.corpus import prepare_data, training_batches
+from mt.data.corpus import prepare_data, training_batches
 from tests.conftest import multilingual_config, write_toy_corpus
 from tests.test_training import make_config, make_trainer
 
@@ -105,19 +105,19 @@ def test_adding_a_corpus_tokenizes_only_that_one(toy_corpus, tmp_path, caplog):
 def test_a_resume_refuses_a_changed_corpus_list(toy_corpus, tmp_path):
     other = write_other_corpus(tmp_path / "other")
     cfg = mixed_config(toy_corpus, other, tmp_path / "run", max_updates=3)
-    from mt.training import Trainer
+    from mt.train.trainer import Trainer
 
     Trainer(cfg, prepare_data(cfg, tmp_path / "run", 128), tmp_path / "run").fit(job_start=0)
     changed = mixed_config(toy_corpus, other, tmp_path / "run", weights=(3.0, 1.0), max_updates=6)
     trainer = Trainer(changed, prepare_data(changed, tmp_path / "run", 128), tmp_path / "run")
-    with pytest.raises(checkpoint.CheckpointError, match=r"was trained with data.corpora=.*weight': 2.0"):
+    with pytest.raises(errors.CheckpointError, match=r"was trained with data.corpora=.*weight': 2.0"):
         trainer.resume()
     same = Trainer(cfg, prepare_data(cfg, tmp_path / "run", 128), tmp_path / "run")
     assert same.resume() and same.update == 3
 
 
 def test_a_mixed_run_resumes_exactly(toy_corpus, tmp_path):
-    from mt.training import Trainer
+    from mt.train.trainer import Trainer
     from tests.test_training import params, record_batches
 
     other = write_other_corpus(tmp_path / "other")
@@ -185,7 +185,7 @@ def test_every_direction_is_validated_and_tested(multilingual_run):
 
 def test_a_multilingual_model_needs_its_target_language(multilingual_run, tmp_path):
     from mt import Translator
-    from mt.export import export_ctranslate2, export_release
+    from mt.export.formats import export_ctranslate2, export_release
 
     run, trainer, _ = multilingual_run
     with pytest.raises(ConfigError, match=r"^tgt_lang is needed by this multilingual model; give one of yy, zz$"):
@@ -224,7 +224,7 @@ def test_translate_py_asks_a_multilingual_model_for_its_target_language(multilin
 
 
 def test_a_missing_corpus_dir_names_its_entry(toy_corpus, tmp_path):
-    from mt.data import DataError
+    from mt.errors import DataError
 
     cfg = mixed_config(toy_corpus, tmp_path / "nowhere", tmp_path / "run")
     with pytest.raises(DataError, match=r"^data.corpora\[1\].dir='.*nowhere' is not a directory"):

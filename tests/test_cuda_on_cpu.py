@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from mt import checkpoint
 from mt.config import DecodeConfig
-from mt.search import beam_search, greedy_search
+from mt.decode.search import beam_search, greedy_search
+from mt.model import saved
+from mt.train import checkpoint
 from tests.conftest import ROOT, HostReads, write_toy_corpus
 from tests.test_search import padded_sources
 from tests.test_training import make_trainer, on_two_ranks, params, read_metrics, record_batches
@@ -114,16 +115,16 @@ def test_an_update_reads_the_device_once(toy_corpus, tmp_path, monkeypatch, cuda
 
 
 def count_steps(monkeypatch) -> list[int]:
-    import mt.search
+    import mt.decode.search
 
     steps = [0]
-    step = mt.search._next_logits
+    step = mt.decode.search._next_logits
 
     def counted(*args):
         steps[0] += 1
         return step(*args)
 
-    monkeypatch.setattr(mt.search, "_next_logits", counted)
+    monkeypatch.setattr(mt.decode.search, "_next_logits", counted)
     return steps
 
 
@@ -145,8 +146,8 @@ def _collectives_per_update(rank: int, port: int, corpus: Path, run_dir: Path, o
     """One rank of `test_ddp_takes_two_collectives_per_update`."""
     import torch.distributed as dist
 
-    from mt.corpus import prepare_data
-    from mt.training import Trainer
+    from mt.data.corpus import prepare_data
+    from mt.train.trainer import Trainer
     from tests.test_training import make_config
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -170,7 +171,7 @@ def test_ddp_takes_two_collectives_per_update(toy_corpus, tmp_path):
     """Besides DDP's gradient buckets: the token count, and one packed all_reduce for finite / overflow / stop /
     clock. Before: up to four (token count, finite, budget, stop)."""
     (tmp_path / "run").mkdir()
-    from mt.corpus import prepare_data
+    from mt.data.corpus import prepare_data
     from tests.test_training import make_config
 
     prepare_data(make_config(toy_corpus, tmp_path / "run"), tmp_path / "run", 128)
@@ -183,8 +184,8 @@ def test_ddp_takes_two_collectives_per_update(toy_corpus, tmp_path):
 def _dropout_draws(rank: int, port: int, corpus: Path, run_dir: Path, out) -> None:
     import torch.distributed as dist
 
-    from mt.corpus import prepare_data
-    from mt.training import Trainer
+    from mt.data.corpus import prepare_data
+    from mt.train.trainer import Trainer
     from tests.test_training import make_config
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -198,7 +199,7 @@ def _dropout_draws(rank: int, port: int, corpus: Path, run_dir: Path, out) -> No
 
 def test_ranks_start_from_the_same_weights_but_draw_their_own_dropout(toy_corpus, tmp_path):
     (tmp_path / "run").mkdir()
-    from mt.corpus import prepare_data
+    from mt.data.corpus import prepare_data
     from tests.test_training import make_config
 
     prepare_data(make_config(toy_corpus, tmp_path / "run"), tmp_path / "run", 128)
@@ -302,7 +303,7 @@ def test_a_run_resumes_exactly_from_a_checkpoint_written_inside_an_epoch(toy_cor
     crashing.train_step = crash_at_13
     with pytest.raises(KeyboardInterrupt):
         crashing.fit(job_start=0)
-    assert checkpoint.load(tmp_path / "b" / "checkpoint_last.pt")["update"] == 12
+    assert saved.load(tmp_path / "b" / "checkpoint_last.pt")["update"] == 12
     resumed = make_trainer(toy_corpus, tmp_path / "b", max_updates=20, save_every=1e-9)
     order_b2 = record_batches(resumed)
     resumed.fit(job_start=0)
@@ -316,37 +317,39 @@ def test_a_run_resumes_exactly_from_a_checkpoint_written_inside_an_epoch(toy_cor
 
 def test_test_reports_decode_in_fp32_whatever_the_training_autocast(toy_corpus, tmp_path, monkeypatch):
     """So that `translate.py checkpoint=RUN` (fp32 by default) reproduces the report's BLEU."""
-    import mt.finish
+    import mt.decode.batched
+    import mt.train.finish
 
     trainer = make_trainer(toy_corpus, tmp_path / "run", max_updates=2)
     trainer.fit(job_start=0)
     trainer.amp = torch.bfloat16  # what precision=auto trains with on an AMX CPU or an Ampere GPU
     used = []
-    decode = mt.finish.translate_ids
-    monkeypatch.setattr(mt.finish, "translate_ids", lambda *a: (used.append(a[-1]), decode(*a))[1])
-    report = mt.finish.finish(trainer)["reports"][0]
+    decode = mt.decode.batched.translate_ids
+    monkeypatch.setattr(mt.train.finish, "translate_ids", lambda *a: (used.append(a[-1]), decode(*a))[1])
+    report = mt.train.finish.finish(trainer)["reports"][0]
     assert used == [None] and report["precision"] == "fp32"
 
 
 def test_int8_is_quantized_once_at_load_and_dropped_on_cuda(trained_model, monkeypatch, caplog, request):
     """translate.py and the server load through `load_translator`: int8 made once there, not per served batch
     (before: a deep copy and quantization per batch); on CUDA a warning and no int8 (before: every request failed)."""
-    import mt.evaluation
-    import mt.inference
-    from mt.quantize import quantize_int8
+    import mt.decode.batched
+    import mt.decode.loading
+    import mt.model.saved
+    from mt.model.quantize import quantize_int8
 
     made = []
-    monkeypatch.setattr(mt.inference, "quantize_int8", lambda m: (made.append(1), quantize_int8(m))[1])
-    monkeypatch.setattr(mt.evaluation, "quantize_int8", lambda m: (made.append(1), quantize_int8(m))[1])
-    monkeypatch.setattr(mt.inference.checkpoint, "build_model", lambda ckpt: (trained_model, None))
+    monkeypatch.setattr(mt.decode.loading, "quantize_int8", lambda m: (made.append(1), quantize_int8(m))[1])
+    monkeypatch.setattr(mt.decode.batched, "quantize_int8", lambda m: (made.append(1), quantize_int8(m))[1])
+    monkeypatch.setattr(mt.model.saved, "build_model", lambda ckpt: (trained_model, None))
     src = [[5, 6, 7], [8, 9]]
     for device_is_cuda in (False, True):
         if device_is_cuda:
             request.getfixturevalue("cuda_branches")  # a run whose saved settings say int8, served on a GPU
         decode = DecodeConfig(quantize="int8", beam_size=2)
-        model, _, _ = mt.inference.load_translator({"format": 1}, decode, "fp32", torch.device("cpu"))
+        model, _, _ = mt.decode.loading.load_translator({"format": 1}, decode, "fp32", torch.device("cpu"))
         for _ in range(3):  # three served batches
-            assert mt.inference.decode_ids(model, src, decode, torch.device("cpu"), None)
+            assert mt.decode.batched.decode_ids(model, src, decode, torch.device("cpu"), None)
     assert len(made) == 1 and model is trained_model and decode.quantize == "none"
     assert "decode.quantize=int8 runs on the CPU only; decoding on cpu without it" in caplog.text
 
@@ -360,7 +363,7 @@ def test_compile_wraps_ddp_with_dynamic_shapes_and_compiles_once(toy_corpus, tmp
     import torch.distributed as dist
     from torch._dynamo.testing import CompileCounter
 
-    from mt.training import wrap_for_training
+    from mt.train.trainer import wrap_for_training
 
     counter = CompileCounter()
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=counter))
@@ -428,8 +431,8 @@ def test_two_nodes_sharing_the_run_dir_train_and_resume_exactly(tmp_path):
         assert node.returncode == 0, node.stderr[-2000:]
     resumed = two_nodes(corpus, (stopped, stopped), "train.max_updates=10")
     assert all(n.returncode == 0 for n in resumed) and "resumed from" in resumed[0].stderr, resumed[0].stderr[-2000:]
-    a = checkpoint.load(straight / "checkpoint_last.pt")
-    b = checkpoint.load(stopped / "checkpoint_last.pt")
+    a = saved.load(straight / "checkpoint_last.pt")
+    b = saved.load(stopped / "checkpoint_last.pt")
     assert a["update"] == b["update"] == 10
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
@@ -449,13 +452,13 @@ def test_two_nodes_with_separate_run_dirs_stop_in_one_line(tmp_path):
 
 def test_ctranslate2_decodes_on_the_cuda_device_it_is_given(monkeypatch, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
-    import mt.ct2
+    import mt.decode.ct2
 
     seen = {}
     monkeypatch.setattr(ctranslate2, "Translator", lambda path, **kw: seen.update(kw))
-    monkeypatch.setattr(mt.ct2, "load_run_vocabs", lambda cfg, path: None)
+    monkeypatch.setattr(mt.decode.ct2, "load_run_vocabs", lambda cfg, path: None)
     (tmp_path / "mt.json").write_text('{"model_args": {"model": {}}, "config": {}, "quantization": null}')
-    mt.ct2.CTranslate2Model(tmp_path, torch.device("cuda", 1), threads=1)
+    mt.decode.ct2.CTranslate2Model(tmp_path, torch.device("cuda", 1), threads=1)
     assert seen["device"] == "cuda" and seen["device_index"] == 1
 
 

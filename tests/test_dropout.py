@@ -1,9 +1,9 @@
-"""The CPU dropout kernel (mt/dropout.py) against what dropout must do."""
+"""The CPU dropout kernel (mt/model/dropout.py) against what dropout must do."""
 
 import pytest
 import torch
 
-from mt.dropout import Dropout
+from mt.model.dropout import Dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.5, 0.9])

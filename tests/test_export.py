@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from mt.config import DecodeConfig
-from mt.evaluation import translate_ids
-from mt.tokenizer import BOS, EOS, PAD
+from mt.data.tokenizer import BOS, EOS, PAD
+from mt.decode.batched import translate_ids
 from tests.conftest import train_tiny
 
 ct2 = pytest.importorskip("ctranslate2")
@@ -28,8 +28,8 @@ def sources(vocabs, n: int = 300) -> list[list[int]]:
     ids=["post-norm tied", "pre-norm untied", "decoder tied"],
 )
 def test_ctranslate2_export_decodes_token_for_token(toy_vocab, tmp_path, model):
-    from mt.ct2 import CTranslate2Model
-    from mt.export import write_ctranslate2
+    from mt.decode.ct2 import CTranslate2Model
+    from mt.export.formats import write_ctranslate2
 
     pairs, vocabs = toy_vocab
     m = train_tiny(vocabs, pairs, **model)
@@ -55,7 +55,7 @@ def test_ctranslate2_export_decodes_token_for_token(toy_vocab, tmp_path, model):
 
 def test_exporting_leaves_the_model_as_it_was(toy_vocab, tmp_path):
     """The spec's arrays are copies: CTranslate2's int8 quantization rewrites them in place."""
-    from mt.export import write_ctranslate2
+    from mt.export.formats import write_ctranslate2
 
     pairs, vocabs = toy_vocab
     m = train_tiny(vocabs, pairs)
@@ -71,8 +71,8 @@ def test_release_loads_without_pickle_and_equals_the_checkpoint(toy_corpus, tmp_
 
     from safetensors import safe_open
 
-    from mt import checkpoint
-    from mt.export import export_release
+    from mt.export.formats import export_release
+    from mt.model import saved
     from tests.test_training import make_trainer
 
     trainer = make_trainer(toy_corpus, tmp_path / "run", max_updates=3)
@@ -82,7 +82,7 @@ def test_release_loads_without_pickle_and_equals_the_checkpoint(toy_corpus, tmp_
     assert sorted(p.name for p in out.iterdir()) == [".mt-export.json", *names]
     with safe_open(str(out / "model.safetensors"), "pt") as f:  # the tied matrix is stored once
         assert sum(k.endswith("tokens.weight") or k == "output.weight" for k in f.keys()) == 1
-    reference, _ = checkpoint.build_model(checkpoint.load(tmp_path / "run" / "checkpoint_last.pt"))
+    reference, _ = saved.build_model(saved.load(tmp_path / "run" / "checkpoint_last.pt"))
 
     def no_pickle(*args, **kwargs):
         raise AssertionError("a release was unpickled")
@@ -90,7 +90,7 @@ def test_release_loads_without_pickle_and_equals_the_checkpoint(toy_corpus, tmp_
     monkeypatch.setattr(pickle, "loads", no_pickle)
     monkeypatch.setattr(pickle, "load", no_pickle)
     monkeypatch.setattr(torch, "load", no_pickle)
-    model, vocabs = checkpoint.build_model(checkpoint.load(out))
+    model, vocabs = saved.build_model(saved.load(out))
     assert model.state_dict().keys() == reference.state_dict().keys()
     assert all(torch.equal(v, reference.state_dict()[k]) for k, v in model.state_dict().items())
     assert model.output.weight is model.tgt_embed.tokens.weight  # still tied after loading
@@ -110,23 +110,24 @@ class _WritesAFile:
 
 
 def test_a_pt_that_would_run_code_is_refused_before_it_runs(tmp_path):
-    from mt import checkpoint
+    from mt import errors
+    from mt.model import saved
 
     target = tmp_path / "written-by-the-pickle.txt"
-    torch.save({"format": checkpoint.FORMAT_VERSION, "model": {}, "payload": _WritesAFile(target)}, tmp_path / "x.pt")
-    with pytest.raises(checkpoint.CheckpointError, match=r"x\.pt: refused: loading it would call getattr, which no"):
-        checkpoint.load(tmp_path / "x.pt")
+    torch.save({"format": saved.FORMAT_VERSION, "model": {}, "payload": _WritesAFile(target)}, tmp_path / "x.pt")
+    with pytest.raises(errors.CheckpointError, match=r"x\.pt: refused: loading it would call getattr, which no"):
+        saved.load(tmp_path / "x.pt")
     assert not target.exists()
 
 
 def test_a_missing_ctranslate2_is_named_with_its_extra(monkeypatch, tmp_path, capsys):
     import sys
 
-    from mt import export
+    from mt.export import formats as export
 
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
-    monkeypatch.setattr(export.checkpoint, "load", lambda path: {"path": path})
-    monkeypatch.setattr(export.checkpoint, "build_model", lambda ckpt: (object(), object()))
+    monkeypatch.setattr(export.saved, "load", lambda path: {"path": path})
+    monkeypatch.setattr(export.saved, "build_model", lambda ckpt: (object(), object()))
     with pytest.raises(SystemExit) as e:
         export.main(["ctranslate2", "RUN", str(tmp_path / "out")])
     assert e.value.code == 2
@@ -141,8 +142,8 @@ def test_a_release_carries_a_model_card(tmp_path):
     import yaml
 
     from mt import Translator
-    from mt.export import export_release
-    from mt.finish import finish
+    from mt.export.formats import export_release
+    from mt.train.finish import finish
     from tests.conftest import write_toy_corpus
     from tests.test_training import make_trainer
 
@@ -176,7 +177,7 @@ def test_an_export_never_deletes_what_it_did_not_write(toy_run, tmp_path, monkey
     earlier export of the same kind is replaced file by file, and a file the user put beside it stays."""
     import shutil
 
-    from mt import export
+    from mt.export import formats as export
 
     run = tmp_path / "run"
     shutil.copytree(toy_run, run)
@@ -221,8 +222,9 @@ def test_a_card_publishes_only_the_exported_weights_scores(multilingual_run, tmp
     the run's main pair."""
     import yaml
 
-    from mt import checkpoint
-    from mt.export import export_release
+    from mt.export.formats import export_release
+    from mt.model import saved
+    from mt.train import checkpoint
 
     run = multilingual_run[0]
     card = (export_release(str(run), tmp_path / "final") / "README.md").read_text()
@@ -231,9 +233,9 @@ def test_a_card_publishes_only_the_exported_weights_scores(multilingual_run, tmp
     tasks = [(r["task"]["name"], r["dataset"]["split"]) for r in meta["model-index"][0]["results"]]
     assert tasks == [("Translation xx-yy", "test.xx-yy"), ("Translation xx-zz", "test.xx-zz")]
     assert "translating xx->yy, xx->zz" in card
-    final = checkpoint.load(run / "checkpoint_final.pt")["model"]
+    final = saved.load(run / "checkpoint_final.pt")["model"]
     epochs = [p for p in checkpoint.epoch_checkpoints(run)
-              if any(not torch.equal(v, final[k]) for k, v in checkpoint.load(p)["model"].items())]  # fmt: skip
+              if any(not torch.equal(v, final[k]) for k, v in saved.load(p)["model"].items())]  # fmt: skip
     assert epochs, "every epoch checkpoint holds the final weights"
     card = (export_release(str(epochs[0]), tmp_path / "epoch") / "README.md").read_text()
     assert "model-index" not in card and "No test report scores these weights" in card

@@ -12,11 +12,11 @@ from hypothesis import strategies as st
 from benchmarks.reliability.fuzz_translate import fuzz
 from benchmarks.reliability.kill_resume import campaign
 from mt.config import DecodeConfig, TokenizerConfig
-from mt.corpus import build_vocabs
-from mt.data import TextPairs
-from mt.inference import output_lines, split_lines
-from mt.model import Transformer
-from mt.translator import Translator
+from mt.data.corpus import build_vocabs
+from mt.data.read import TextPairs
+from mt.decode.lines import output_lines, split_lines
+from mt.decode.translator import Translator
+from mt.model.transformer import Transformer
 from tests.conftest import tiny_model_config, write_toy_corpus
 from tests.test_bad_inputs import run, train_args
 
@@ -70,7 +70,7 @@ def test_any_text_gives_one_output_line_per_input_line(toy_translator, lines):
 
 
 def test_bytes_that_are_not_utf8_are_named_or_replaced(caplog):
-    from mt.data import DataError
+    from mt.errors import DataError
 
     with pytest.raises(DataError, match=r"stdin:2: bytes that are not UTF-8 .* input_errors=replace"):
         split_lines(b"fine\nbad \xff\xfe here\n", "stdin")
@@ -79,8 +79,8 @@ def test_bytes_that_are_not_utf8_are_named_or_replaced(caplog):
 
 
 def test_input_chunks_cut_lines_like_the_whole_input_and_name_the_right_line(tmp_path):
-    from mt.data import DataError
-    from mt.inference import input_chunks
+    from mt.decode.lines import input_chunks
+    from mt.errors import DataError
 
     raw = "a\n\nb\u2028c\r\nd\n e \nf".encode()
     (tmp_path / "in.txt").write_bytes(raw)

@@ -11,11 +11,12 @@ import datasets
 import pytest
 import torch
 
-from mt import checkpoint, finetune
 from mt.config import ConfigError, TokenizerConfig
-from mt.corpus import build_vocabs, prepare_data
-from mt.data import TextPairs
-from mt.training import Trainer
+from mt.data.corpus import build_vocabs, prepare_data
+from mt.data.read import TextPairs
+from mt.model import saved as saved_model
+from mt.train import finetune
+from mt.train.trainer import Trainer
 from tests.conftest import write_toy_corpus
 from tests.test_training import make_config
 
@@ -50,7 +51,7 @@ def test_a_finetuning_run_starts_from_the_weights_with_everything_else_fresh(toy
     (Before: the only route was a resume, which carried all of the old run's state into the new one.)"""
     trainer, parent = finetuning(toy_run, domain, tmp_path / "ft", model={"d_model": 16, "n_heads": 2},
                                  ema_decay=0.99, warmup=7)  # fmt: skip
-    old = checkpoint.load(toy_run / "checkpoint_last.pt")
+    old = saved_model.load(toy_run / "checkpoint_last.pt")
     assert old["update"] == 60 and old["optimizer"]["state"]  # the parent's run had all of these
     assert trainer.model.cfg == parent.model.cfg and same(trainer.model, parent.model)
     assert same(trainer.ema.model, parent.model)
@@ -69,7 +70,7 @@ def test_a_finetuning_run_starts_from_the_weights_with_everything_else_fresh(toy
 
 
 def test_init_optimizer_carries_the_moments_over(toy_run, domain, tmp_path):
-    cfg_parent = checkpoint.load(toy_run / "checkpoint_last.pt")
+    cfg_parent = saved_model.load(toy_run / "checkpoint_last.pt")
     trainer, _ = finetuning(toy_run / "checkpoint_last.pt", domain, tmp_path / "ft", init_optimizer=True)
     state = trainer.optimizer.state_dict()["state"]
     saved = cfg_parent["optimizer"]["state"]
@@ -87,7 +88,7 @@ def test_init_optimizer_keeps_this_runs_hyperparameters_and_schedule(toy_run, do
     decay 0 and its last learning rate into the new run, which took update 1 at the parent's lr, not warm-up's."""
     trainer, _ = finetuning(toy_run, domain, tmp_path / "ft", init_optimizer=True, betas=[0.8, 0.9], adam_eps=1e-6,
                             weight_decay=0.01, warmup=50, warmup_init_lr=1e-6, lr=2e-3, max_updates=1)  # fmt: skip
-    parent = checkpoint.load(toy_run / "checkpoint_last.pt")["optimizer"]
+    parent = saved_model.load(toy_run / "checkpoint_last.pt")["optimizer"]
     assert parent["param_groups"][0]["betas"] == (0.9, 0.98) and parent["param_groups"][0]["lr"] > 1e-4
     for group in trainer.optimizer.param_groups:
         assert group["betas"] == (0.8, 0.9) and group["eps"] == 1e-6 and group["weight_decay"] == 0.01
@@ -107,7 +108,7 @@ def test_init_optimizer_starts_from_the_trained_weights_under_a_weight_average(d
     parent_dir = tmp_path / "parent"
     make_trainer(write_toy_corpus(tmp_path / "corpus"), parent_dir, max_updates=12, max_epochs=3, lr=5e-3,
                  ema_decay=0.9).fit(job_start=0)  # fmt: skip
-    saved = checkpoint.load(parent_dir / "checkpoint_last.pt")
+    saved = saved_model.load(parent_dir / "checkpoint_last.pt")
     assert any(not torch.equal(saved["model"][k], saved["raw_model"][k]) for k in saved["raw_model"])
     trainer, parent = finetuning(parent_dir, domain, tmp_path / "ft", init_optimizer=True)
     weights = trainer.model.state_dict()
@@ -121,14 +122,14 @@ def test_the_tokenization_report_reads_no_hub_dataset_of_the_parent(toy_run, mon
     cached) to compare 2,000 pairs. Now the comparison is skipped with a line."""
     import logging
 
-    from mt import data
+    from mt.data import read as data
 
     parent = finetune.load_parent(make_config(toy_run, toy_run.parent / "x", init_from=str(toy_run)), toy_run.parent)
     hub = {**parent.ckpt["config"]["data"], "format": "hub", "hub_name": "bentrevett/multi30k"}
     parent.ckpt = {**parent.ckpt, "config": {**parent.ckpt["config"], "data": hub}}
     loaded = []
     monkeypatch.setattr(data, "_load_hub", lambda *a, **k: loaded.append(a) or datasets.Dataset.from_dict({}))
-    with caplog.at_level(logging.INFO, logger="mt.finetune"):
+    with caplog.at_level(logging.INFO, logger="mt.train.finetune"):
         finetune.report_tokenization(parent, [("the cat", "cat the")])
     assert loaded == [] and "bentrevett/multi30k, not read for a comparison" in caplog.text
 
@@ -177,7 +178,7 @@ def test_dropout_may_change_and_a_foreign_tokenizer_may_not(toy_run, domain, tmp
     cfg = make_config(domain, tmp_path / "ft3", init_from=str(toy_run))
     words = ["".join(reversed(w)) for w in "the cat sees a dog and big red house".split()] * 5
     from mt.config import TokenizerConfig
-    from mt.tokenizer import train_vocab
+    from mt.data.tokenizer import train_vocab
 
     other = train_vocab(TokenizerConfig(vocab_size=40, min_frequency=1), [(" ".join(words), "x")], (0, 1))
     other.tokenizer.save(str(tmp_path / "other.json"))
@@ -191,7 +192,7 @@ def test_dropout_may_change_and_a_foreign_tokenizer_may_not(toy_run, domain, tmp
 def test_a_validation_set_held_out_of_training_and_the_parents_test_reported(toy_run, domain, tmp_path):
     """data.valid_from_train=N: N training pairs drawn by the seed, not trained on; the end of the run scores the
     new data's test split and the parent's (forgetting)."""
-    from mt.finish import finish
+    from mt.train.finish import finish
 
     (domain / "valid.xx").unlink()  # no validation split: the OPUS samples' case
     (domain / "valid.yy").unlink()
@@ -219,7 +220,7 @@ def test_the_held_out_pairs_are_the_same_with_any_tokenizer_and_unseen_by_the_bp
     """A from-scratch run's BPE learns from the training pairs without the held-out ones, and it holds out the
     same pairs as a fine-tuning run with the same seed (before: the pairs were drawn after tokenizing, so the BPE
     had learnt from the validation text, and the draw depended on the tokenizer's length filtering)."""
-    import mt.corpus
+    import mt.data.corpus
 
     (domain / "valid.xx").unlink()
     (domain / "valid.yy").unlink()
@@ -229,8 +230,8 @@ def test_the_held_out_pairs_are_the_same_with_any_tokenizer_and_unseen_by_the_bp
         learnt.extend(src for src, _ in pairs)
         return real(cfg, pairs, *args, **kwargs)
 
-    real = mt.corpus.build_vocabs
-    monkeypatch.setattr(mt.corpus, "build_vocabs", build_vocabs)
+    real = mt.data.corpus.build_vocabs
+    monkeypatch.setattr(mt.data.corpus, "build_vocabs", build_vocabs)
     scratch_run, ft_run = tmp_path / "scratch", tmp_path / "ft"
     scratch_run.mkdir()
     ft_run.mkdir()

@@ -12,11 +12,12 @@ import sys
 import pytest
 import torch
 
-from mt import checkpoint
 from mt.config import DecodeConfig
-from mt.model import Transformer
-from mt.search import beam_search, greedy_search
-from mt.tokenizer import BOS, PAD
+from mt.data.tokenizer import BOS, PAD
+from mt.decode.search import beam_search, greedy_search
+from mt.model import saved
+from mt.model.transformer import Transformer
+from mt.train import checkpoint
 from tests.conftest import ROOT, tiny_model_config, write_toy_corpus
 from tests.test_search import padded_sources
 
@@ -103,7 +104,7 @@ def test_mixed_precision_steps_are_finite_and_the_loss_falls(dtype):
 def test_fused_projection_loss_gradients_in_fp16_match_the_unfused_ones():
     """The fused loss forms the output layer's gradient before the loss scale applies: it must not underflow."""
     from benchmarks.speed.reference_loss import label_smoothed_loss
-    from mt.loss import projected_label_smoothed_loss
+    from mt.model.loss import projected_label_smoothed_loss
 
     torch.manual_seed(0)
     h = (torch.randn(512, 128, device=CUDA) * 0.5).requires_grad_()
@@ -192,8 +193,8 @@ def test_resume_on_cuda_continues_like_the_uninterrupted_run(tmp_path):
     assert run(train_args(corpus, tmp_path / "b", *common, "train.max_updates=10"), env).returncode == 0
     p = run(train_args(corpus, tmp_path / "b", *common, "train.max_updates=24"), env)
     assert p.returncode == 0 and "resumed from" in p.stderr, p.stderr[-2000:]
-    a = checkpoint.load(tmp_path / "a" / "checkpoint_last.pt")["model"]
-    b = checkpoint.load(tmp_path / "b" / "checkpoint_last.pt")["model"]
+    a = saved.load(tmp_path / "a" / "checkpoint_last.pt")["model"]
+    b = saved.load(tmp_path / "b" / "checkpoint_last.pt")["model"]
     worst = max((a[k] - b[k]).abs().max().item() for k in a)
     assert worst <= 1e-6, f"largest difference {worst}"
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from benchmarks.speed.reference_loss import label_smoothed_loss
-from mt.loss import projected_label_smoothed_loss, projected_rdrop_loss
-from mt.model import Transformer
+from mt.model.loss import projected_label_smoothed_loss, projected_rdrop_loss
+from mt.model.transformer import Transformer
 from tests.conftest import tiny_model_config
 
 
@@ -159,7 +159,7 @@ def test_model_loss_matches_its_logits_and_trains_the_tied_weights(skip_padding,
     """`Transformer.loss` (fused) == `label_smoothed_loss` on `forward`'s logits, with the same gradient for every
     parameter, the tied embedding/output matrix included; both with padding rows dropped before the output layer
     (the CPU's way) and kept but masked in the loss (CUDA's way, no boolean indexing)."""
-    monkeypatch.setattr("mt.model.skips_padding_rows", lambda device: skip_padding)
+    monkeypatch.setattr("mt.model.transformer.skips_padding_rows", lambda device: skip_padding)
     torch.manual_seed(0)
     model = Transformer(tiny_model_config(), 40, 40)
     src = torch.randint(4, 40, (3, 7))

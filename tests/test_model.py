@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from mt.config import ModelConfig
-from mt.model import Transformer, causal_mask, sinusoidal_positions
-from mt.tokenizer import BOS, PAD
+from mt.data.tokenizer import BOS, PAD
+from mt.model.transformer import Transformer, causal_mask, sinusoidal_positions
 from tests.conftest import tiny_model_config
 
 V = 50

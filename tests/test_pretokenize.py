@@ -1,5 +1,5 @@
 """`tokenizer.pretokenize=moses`: Moses tokenization before the BPE and detokenization after it, saved with the
-tokenizer, so that every door reads and writes raw text (mt/pretokenize.py)."""
+tokenizer, so that every door reads and writes raw text (mt/data/pretokenize.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from mt.pretokenize import moses
+from mt.data.pretokenize import moses
 from tests.conftest import MULTI30K, needs_multi30k, read_gz
 
 
@@ -32,8 +32,8 @@ def test_moses_round_trip_on_the_multi30k_test_sets(lang):
 @pytest.fixture(scope="module")
 def moses_run(tmp_path_factory):
     """A tiny En->De run on the first 3,000 Multi30k pairs with tokenizer.pretokenize=moses."""
-    from mt.corpus import prepare_data
-    from mt.training import Trainer
+    from mt.data.corpus import prepare_data
+    from mt.train.trainer import Trainer
     from tests.test_training import make_config
 
     if not (MULTI30K / "train.en.gz").is_file():
@@ -54,7 +54,7 @@ def test_a_moses_run_learns_from_tokenized_text_and_translates_raw_text(moses_ru
     """The BPE learned from Moses-tokenized text (its vocabulary has no "man," or "hat."), the run dir and the
     checkpoint say so, and a translation comes back detokenized: a prefix typed raw ("Ein Mann, der") is encoded
     as the training text was ("Ein Mann , der") and decoded as a person writes it."""
-    from mt.translator import Translator
+    from mt.decode.translator import Translator
 
     assert json.loads((moses_run / "pretokenize.json").read_text()) == {"kind": "moses", "src_lang": "en",
                                                                          "tgt_lang": "de"}  # fmt: skip
@@ -74,17 +74,17 @@ def test_the_server_and_a_ctranslate2_export_read_and_write_raw_text(moses_run, 
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from mt import checkpoint
     from mt.config import DecodeConfig, ServeConfig
-    from mt.export import write_ctranslate2
+    from mt.decode.translator import Translator
+    from mt.export.formats import write_ctranslate2
+    from mt.model import saved
     from mt.serve import create_app
-    from mt.translator import Translator
 
     lines = ["A man, in a blue hat, sits.", "Two dogs (brown) run on the grass!", ""]
     model = Translator.load(moses_run, beam_size=2)
     expected = model.translate(lines)
-    ckpt = checkpoint.load(moses_run)
-    net, vocabs = checkpoint.build_model(ckpt)
+    ckpt = saved.load(moses_run)
+    net, vocabs = saved.build_model(ckpt)
     out = write_ctranslate2(net, vocabs, tmp_path / "ct2", None, ckpt["config"])
     assert json.loads((out / "pretokenize.json").read_text())["kind"] == "moses"
     assert Translator.load(out, beam_size=2).translate(lines) == expected
@@ -96,7 +96,7 @@ def test_the_server_and_a_ctranslate2_export_read_and_write_raw_text(moses_run, 
 
 def test_lowercase_composes_and_a_tokenizer_without_it_is_unchanged(tmp_path):
     from mt.config import TokenizerConfig
-    from mt.tokenizer import Vocabs, load_run_vocabs, train_vocab
+    from mt.data.tokenizer import Vocabs, load_run_vocabs, train_vocab
 
     pairs = [("A man, walking.", "Ein Mann, gehend."), ("Two dogs!", "Zwei Hunde!")] * 20
     moses_pairs = [(moses("en").tokenize(s), moses("de").tokenize(t)) for s, t in pairs]

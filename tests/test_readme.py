@@ -74,8 +74,8 @@ def test_every_readme_command_is_run_or_says_why_not():
 def beam_run(tmp_path_factory) -> Path:
     """A tiny run (toy corpus) whose saved decoding is a beam, as every recipe's is."""
     from mt.config import DecodeConfig
-    from mt.corpus import prepare_data
-    from mt.training import Trainer
+    from mt.data.corpus import prepare_data
+    from mt.train.trainer import Trainer
     from tests.test_training import make_config
 
     corpus, run = write_toy_corpus(tmp_path_factory.mktemp("corpus")), tmp_path_factory.mktemp("run")

@@ -1,4 +1,4 @@
-"""R-Drop and target-side word dropout (mt/regularize.py): what they add to the loss, that they stay out of
+"""R-Drop and target-side word dropout (mt/train/regularize.py): what they add to the loss, that they stay out of
 evaluation, and that a run with both resumes exactly."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.speed.reference_loss import rdrop_loss_from_logits
-from mt.regularize import drop_target_words, rdrop_loss
-from mt.tokenizer import BOS, EOS, PAD, UNK
-from mt.training import TrainingLoss
+from mt.data.tokenizer import BOS, EOS, PAD, UNK
+from mt.train.regularize import drop_target_words, rdrop_loss
+from mt.train.trainer import TrainingLoss
 from tests.conftest import tiny_model_config
 from tests.test_training import make_trainer, params
 
@@ -25,7 +25,7 @@ def _batch(seed=0, vocab=40):
 
 
 def _model(dropout):
-    from mt.model import Transformer
+    from mt.model.transformer import Transformer
 
     torch.manual_seed(0)
     model = Transformer(tiny_model_config(dropout=dropout), 40, 40)
@@ -105,7 +105,7 @@ def test_rdrop_on_cuda_masks_padding_in_the_loss_and_gives_the_cpus_loss_and_gra
     torch.manual_seed(7)
     cuda_loss, cuda_nll = rdrop_loss(model, *batch, 0.1, 3.0)
     cuda_grads = torch.autograd.grad(cuda_loss, list(model.parameters()))
-    monkeypatch.setattr("mt.regularize.skips_padding_rows", lambda device: True)  # the CPU's way, all else CUDA's
+    monkeypatch.setattr("mt.train.regularize.skips_padding_rows", lambda device: True)  # the CPU's way, all else CUDA's
     torch.manual_seed(7)
     loss, nll = rdrop_loss(model, *batch, 0.1, 3.0)
     torch.testing.assert_close(cuda_loss, loss, atol=1e-4, rtol=1e-5)

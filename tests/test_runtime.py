@@ -86,7 +86,7 @@ def test_int8_decoding_is_refused_before_training_on_a_gpu(monkeypatch):
 )
 def test_torchrun_backend_follows_the_training_device(monkeypatch, device, cuda_available, backend):
     """`torchrun ... train.device=cpu` on a GPU machine must not pick NCCL (which needs CUDA tensors)."""
-    from mt import distributed
+    from mt.train import distributed
 
     chosen = []
     monkeypatch.setenv("WORLD_SIZE", "4")

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mt.config import ConfigError, DecodeConfig, validate_decode
-from mt.evaluation import translate_ids
-from mt.model import Transformer
-from mt.search import greedy_search, sample_search, sample_tokens
-from mt.tokenizer import BOS, EOS, PAD
+from mt.data.tokenizer import BOS, EOS, PAD
+from mt.decode.batched import translate_ids
+from mt.decode.search import greedy_search, sample_search, sample_tokens
+from mt.model.transformer import Transformer
 from tests.conftest import tiny_model_config, train_tiny
 from tests.test_export import sources
 

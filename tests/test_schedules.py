@@ -2,7 +2,7 @@
 
 import pytest
 
-from mt.schedules import constant_lr, cooldown_factor, inverse_sqrt_lr, linear_lr, noam_lr
+from mt.train.schedules import constant_lr, cooldown_factor, inverse_sqrt_lr, linear_lr, noam_lr
 
 
 def test_noam_schedule_values():

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from mt.config import DecodeConfig
-from mt.search import beam_search, greedy_search, length_penalty, max_lengths, topk_rows
-from mt.tokenizer import BOS, EOS, PAD, UNK
+from mt.data.tokenizer import BOS, EOS, PAD, UNK
+from mt.decode.search import beam_search, greedy_search, length_penalty, max_lengths, topk_rows
 
 A, B = 4, 5
 V = 6
@@ -170,7 +170,7 @@ def test_int8_model_stays_close_to_fp32(trained_model):
     sentences from the batch, greedy does not), and which of two near-tied hypotheses wins then depends on the CPU's
     int8 kernel (it flipped on an AVX2-only EPYC, not on an AVX-512 Xeon). Scores cannot flip that way: int8 moves
     a log-probability by ~0.07 on average here, so a best score moves by a fraction of the 0.5 allowed."""
-    from mt.quantize import quantize_int8
+    from mt.model.quantize import quantize_int8
 
     q = quantize_int8(trained_model)
     assert not any(type(m) is torch.nn.Linear for m in q.modules())
@@ -216,7 +216,7 @@ def hyps_of(results):
 
 @pytest.mark.parametrize("beam", [1, 5])
 def test_an_ensemble_of_one_or_of_a_model_with_itself_decodes_as_the_model(trained_model, beam):
-    from mt.ensemble import Ensemble
+    from mt.decode.ensemble import Ensemble
 
     src, mask = padded_sources()
     cfg = DecodeConfig(beam_size=beam, nbest=beam, length_penalty=1.0)
@@ -232,7 +232,7 @@ def test_an_ensemble_of_one_or_of_a_model_with_itself_decodes_as_the_model(train
 def test_an_ensemble_scores_the_mean_of_its_models_log_probabilities(trained_model):
     import copy
 
-    from mt.ensemble import Ensemble
+    from mt.decode.ensemble import Ensemble
 
     other = copy.deepcopy(trained_model)
     with torch.no_grad():
@@ -251,16 +251,16 @@ def test_an_ensemble_scores_the_mean_of_its_models_log_probabilities(trained_mod
 
 
 def test_an_ensemble_of_models_with_other_vocabularies_is_refused_in_one_line(trained_model, monkeypatch):
-    from mt import checkpoint
     from mt.config import ConfigError
-    from mt.inference import load_ensemble
+    from mt.decode.loading import load_ensemble
+    from mt.model import saved
 
     def vocabs(src, tgt):
         side = lambda d: SimpleNamespace(digest=lambda: d)  # noqa: E731
         return SimpleNamespace(src=side(src), tgt=side(tgt))
 
     built = iter([(trained_model, vocabs("s", "t")), (trained_model, vocabs("s", "other"))])
-    monkeypatch.setattr(checkpoint, "build_model", lambda ckpt: next(built))
+    monkeypatch.setattr(saved, "build_model", lambda ckpt: next(built))
     ckpts = [{"format": 1, "path": "runs/a"}, {"format": 1, "path": "runs/b"}]
     with pytest.raises(ConfigError, match=r"^runs/b: its target vocabulary differs from runs/a's"):
         load_ensemble(ckpts, DecodeConfig(), "fp32", torch.device("cpu"))

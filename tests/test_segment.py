@@ -1,11 +1,11 @@
-"""Sentence splitting for paragraphs and documents (mt/segment.py) and the Translator's `split`."""
+"""Sentence splitting for paragraphs and documents (mt/decode/segment.py) and the Translator's `split`."""
 
 import logging
 
 import pytest
 
 from mt.config import ConfigError
-from mt.segment import cut_long, split_document, split_line
+from mt.decode.segment import cut_long, split_document, split_line
 
 
 def count(texts: list[str]) -> list[int]:
@@ -84,7 +84,7 @@ def test_a_document_keeps_its_lines_and_warns_of_a_cut_sentence(caplog):
         "  Six dogs run on the long beach in the sun, and two men talk.",
         "Hi.",
     ]
-    with caplog.at_level(logging.WARNING, logger="mt.segment"):
+    with caplog.at_level(logging.WARNING, logger="mt.decode.segment"):
         doc = split_document(lines, "en", count, limit=10, first_line=10)
     assert "line 13: a sentence of 14 tokens" in caplog.text
     assert doc.sentences[:2] == ["A dog runs.", "Two men talk here."] and doc.parts[1] == [] and doc.parts[2] == [2]
@@ -95,7 +95,7 @@ def test_a_document_keeps_its_lines_and_warns_of_a_cut_sentence(caplog):
 
 
 def test_the_translator_splits_paragraphs_and_batches_their_sentences(toy_run, monkeypatch):
-    from mt.translator import Translator
+    from mt.decode.translator import Translator
 
     t = Translator.load(toy_run, beam_size=2)
     sentences = ["the cat sees a dog.", "a red house.", "the big tree."]

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from mt.config import DecodeConfig, ServeConfig
-from mt.inference import decode_ids
+from mt.decode.batched import decode_ids
 from tests.conftest import ROOT, train_tiny
 
 pytest.importorskip("fastapi")
@@ -26,9 +26,9 @@ pytest.importorskip("prometheus_client")
 from fastapi.testclient import TestClient  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from mt.decode.translator import Translator
 from mt.serve import Served, create_app  # noqa: E402
 from mt.serve.access import ApiKeys  # noqa: E402
-from mt.translator import Translator  # noqa: E402
 
 LINE = "the cat sees a dog"
 

@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from mt.config import DecodeConfig, ServeConfig
-from mt.inference import decode_ids
+from mt.decode.batched import decode_ids
 from tests.conftest import train_tiny
 
 fastapi = pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
+from mt.decode.translator import Translator  # noqa: E402
 from mt.serve import create_app  # noqa: E402
-from mt.translator import Translator  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -386,7 +386,7 @@ def test_constraints_glossary_and_split_over_http(served):
     assert word in r.json()["translations"][0].split() and r.json()["translations"][1] == plain[1]
     r = client.post("/translate", json={"src": ["the cat sees a dog", "big red house"], "glossary": {"red": word}})
     assert word in r.json()["translations"][1].split() and r.json()["translations"][0] == plain[0]
-    from mt.terminology import Glossary
+    from mt.decode.terminology import Glossary
 
     translator.glossary = Glossary({"cat": word})
     try:
@@ -414,7 +414,7 @@ def test_constraints_glossary_and_split_over_http(served):
 
 def _glossary_client(toy_vocab, server_terms: int = 0, **serve):
     """A TestClient over a toy model decoded with beam 2, with a server glossary of `server_terms` terms."""
-    from mt.terminology import Glossary
+    from mt.decode.terminology import Glossary
 
     pairs, vocabs = toy_vocab
     cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=2), batch_wait_ms=1, **serve)
@@ -487,7 +487,7 @@ def test_what_a_model_cannot_do_is_refused_before_the_queue(toy_vocab, tmp_path)
     """A CTranslate2 export has no constrained search: a request with constraints or a glossary is a 422 before it
     is queued (before: a 500 from the worker, with its batch-mates); a glossary on a server whose requests decode
     greedily or by sampling is a 422 whatever the text holds (before: 200 without a term, 422 with one)."""
-    from mt.ct2 import CTranslate2Model
+    from mt.decode.ct2 import CTranslate2Model
 
     pairs, vocabs = toy_vocab
     cfg = ServeConfig(checkpoint="toy", decode=DecodeConfig(beam_size=2))

@@ -6,10 +6,11 @@ from types import SimpleNamespace
 import datasets
 import pytest
 
-from mt import data, evaluation
 from mt.config import DataConfig, DecodeConfig, TokenizerConfig
-from mt.corpus import build_vocabs, tokenize
-from mt.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_vocab
+from mt.data import read
+from mt.data.corpus import build_vocabs, tokenize
+from mt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_vocab
+from mt.evaluate import scoring
 from tests.conftest import MULTI30K, needs_multi30k
 
 
@@ -17,9 +18,9 @@ from tests.conftest import MULTI30K, needs_multi30k
 def multi30k_vocab(tmp_path_factory):
     cfg = DataConfig(name="multi30k", dir=str(MULTI30K), src_lang="en", tgt_lang="de")
     vocabs = build_vocabs(
-        TokenizerConfig(vocab_size=8000), data.TextPairs.of_split(cfg, "train"), tmp_path_factory.mktemp("tok")
+        TokenizerConfig(vocab_size=8000), read.TextPairs.of_split(cfg, "train"), tmp_path_factory.mktemp("tok")
     )
-    return vocabs, data.load_split(cfg, "val")
+    return vocabs, read.load_split(cfg, "val")
 
 
 @needs_multi30k()
@@ -51,17 +52,17 @@ def tiny_train():
 
 def test_reused_when_unchanged_and_retrained_when_config_changes(tmp_path):
     train = tiny_train()
-    v1 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), data.TextPairs.of_table(train), tmp_path)
+    v1 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), read.TextPairs.of_table(train), tmp_path)
     mtime = (tmp_path / "tokenizer.json").stat().st_mtime_ns
-    v2 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), data.TextPairs.of_table(train), tmp_path)
+    v2 = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), read.TextPairs.of_table(train), tmp_path)
     assert (tmp_path / "tokenizer.json").stat().st_mtime_ns == mtime and v1.src.digest() == v2.src.digest()
-    v3 = build_vocabs(TokenizerConfig(vocab_size=50, min_frequency=1), data.TextPairs.of_table(train), tmp_path)
+    v3 = build_vocabs(TokenizerConfig(vocab_size=50, min_frequency=1), read.TextPairs.of_table(train), tmp_path)
     assert len(v3.src) == 50
 
 
 def test_separate_vocabularies(tmp_path):
     vocabs = build_vocabs(
-        TokenizerConfig(vocab_size=40, joint=False, min_frequency=1), data.TextPairs.of_table(tiny_train()), tmp_path
+        TokenizerConfig(vocab_size=40, joint=False, min_frequency=1), read.TextPairs.of_table(tiny_train()), tmp_path
     )
     assert not vocabs.joint
     assert (tmp_path / "tokenizer.src.json").is_file() and (tmp_path / "tokenizer.tgt.json").is_file()
@@ -72,7 +73,7 @@ def test_separate_vocabularies(tmp_path):
 
 def test_tokenize_adds_id_columns_and_is_cached(tmp_path):
     train = tiny_train()
-    vocabs = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), data.TextPairs.of_table(train), tmp_path)
+    vocabs = build_vocabs(TokenizerConfig(vocab_size=60, min_frequency=1), read.TextPairs.of_table(train), tmp_path)
     a, b = tokenize(train, vocabs), tokenize(train, vocabs)
     assert a._fingerprint == b._fingerprint
     assert a[0]["src_ids"] == vocabs.src.encode("a small cat")
@@ -85,7 +86,7 @@ def test_broken_tokenizer_file(tmp_path):
 
 
 def test_a_lowercasing_tokenizer_learns_and_reads_lowercase_text(tmp_path):
-    pairs = data.TextPairs.of_table(tiny_train())
+    pairs = read.TextPairs.of_table(tiny_train())
     cfg = TokenizerConfig(vocab_size=60, min_frequency=1, normalization="NFC+Lowercase")
     vocab = build_vocabs(cfg, pairs, tmp_path / "lc").tgt
     assert vocab.lowercases and Vocab.from_file(tmp_path / "lc" / "tokenizer.json").lowercases  # as translate loads it
@@ -101,15 +102,15 @@ def test_a_lowercasing_tokenizer_learns_and_reads_lowercase_text(tmp_path):
 def test_a_lowercased_model_is_selected_by_lowercased_bleu(tmp_path, monkeypatch, normalization, lowercases):
     refs = ["der Hund rennt eine kleine Katze rennt", "eine kleine Katze der Hund rennt"] * 3  # seen characters
     cfg = TokenizerConfig(vocab_size=60, min_frequency=1, normalization=normalization)
-    vocabs = build_vocabs(cfg, data.TextPairs.of_table(tiny_train()), tmp_path)
+    vocabs = build_vocabs(cfg, read.TextPairs.of_table(tiny_train()), tmp_path)
     # the search "translates" each sentence into its reference, lowercased when the tokenizer lowercases
     ds = datasets.Dataset.from_dict({"src_ids": [vocabs.src.encode(r) for r in refs], "tgt": refs})
     fake = lambda model, src_ids, *rest: [[SimpleNamespace(tokens=ids)] for ids in src_ids]  # noqa: E731
-    monkeypatch.setattr(evaluation, "translate_ids", fake)
-    result = evaluation.validation_bleu(None, ds, vocabs, DecodeConfig(), None, None)
-    cased = evaluation.score(vocabs.tgt.decode_batch(list(ds["src_ids"])), refs)["bleu"]
+    monkeypatch.setattr(scoring, "translate_ids", fake)
+    result = scoring.validation_bleu(None, ds, vocabs, DecodeConfig(), None, None)
+    cased = scoring.score(vocabs.tgt.decode_batch(list(ds["src_ids"])), refs)["bleu"]
     assert result["valid_bleu"] == 100.0 and (cased < 100.0) == lowercases
-    report = evaluation.write_report(tmp_path, "val", refs, refs, refs, {}, vocabs.tgt.lowercases)
+    report = scoring.write_report(tmp_path, "val", refs, refs, refs, {}, vocabs.tgt.lowercases)
     assert report.get("lowercased_model", False) == lowercases
     assert ("The model lowercases" in (tmp_path / "val.report.md").read_text()) == lowercases
 
@@ -118,7 +119,7 @@ def test_a_lowercased_model_is_selected_by_lowercased_bleu(tmp_path, monkeypatch
 def test_special_token_text_in_input_is_plain_text(special):
     """Before: HF tokenizers matched added tokens in raw text, so a literal <pad> in a source was masked as padding,
     </s> in a prefix ended the hypothesis, and <2fr> or <bt> typed by a user added a tag."""
-    from mt.tokenizer import SPECIALS, with_bpe_dropout
+    from mt.data.tokenizer import SPECIALS, with_bpe_dropout
 
     pairs = [("the <x> cat sees a dog / pad unk s bt 2fr", "die katze sieht einen hund")] * 20  # every character
     vocab = train_vocab(TokenizerConfig(vocab_size=80, min_frequency=1), pairs, (0, 1), ("<2fr>", "<bt>"))

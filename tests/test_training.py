@@ -12,11 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from mt import checkpoint
+from mt import errors, run_dir
 from mt.config import Config, DataConfig, DecodeConfig, TokenizerConfig, TrainConfig
-from mt.corpus import prepare_data
-from mt.finish import finish
-from mt.training import Trainer, TrainingError
+from mt.data.corpus import prepare_data
+from mt.model import saved
+from mt.train import checkpoint
+from mt.train.finish import finish
+from mt.train.trainer import Trainer, TrainingError
 from tests.conftest import tiny_model_config
 
 
@@ -101,7 +103,7 @@ def test_accumulating_two_half_batches_equals_one_batch(toy_corpus, tmp_path):
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
     full = next(iter(trainer.loader))
-    from mt.batching import collate
+    from mt.data.batching import collate
 
     rows = trainer.loader.dataset[full.ids]
     h = len(full.ids) // 2
@@ -169,7 +171,7 @@ def test_interrupted_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save_atomic({"format": 1, "model": {"w": torch.zeros(2)}}, path)
     monkeypatch.undo()
-    assert torch.equal(checkpoint.load(path)["model"]["w"], torch.ones(2))
+    assert torch.equal(saved.load(path)["model"]["w"], torch.ones(2))
 
 
 def test_nan_losses_skip_updates_then_stop(toy_corpus, tmp_path):
@@ -193,9 +195,9 @@ def test_checkpoints_kept_averaged_and_self_describing(toy_corpus, tmp_path):
     trainer.fit(job_start=0)
     assert [p.name for p in checkpoint.epoch_checkpoints(run)] == ["checkpoint3.pt", "checkpoint4.pt"]
     avg = checkpoint.average(checkpoint.epoch_checkpoints(run))
-    a, b = (checkpoint.load(run / f"checkpoint{i}.pt")["model"] for i in (3, 4))
+    a, b = (saved.load(run / f"checkpoint{i}.pt")["model"] for i in (3, 4))
     torch.testing.assert_close(avg["model"]["output.weight"], (a["output.weight"] + b["output.weight"]) / 2)
-    model, vocabs = checkpoint.build_model(checkpoint.load(run))  # the run dir's best checkpoint
+    model, vocabs = saved.build_model(saved.load(run))  # the run dir's best checkpoint
     assert model.cfg == trainer.cfg.model and len(vocabs.src) == len(trainer.corpus.vocabs.src)
     metrics = (run / "metrics.jsonl").read_text()
     assert '"kind": "valid"' in metrics and "valid_bleu" in metrics
@@ -217,10 +219,10 @@ def test_final_choice_scores_best_and_average_on_the_whole_val_split(toy_corpus,
     rows = {r["candidate"]: r for r in read_metrics(run) if r["kind"] == "final_choice"}
     assert set(rows) == {"checkpoint_best.pt", "checkpoint_averaged.pt (last 2)"}
     winner = max(rows, key=lambda k: rows[k]["valid_bleu"])  # ties keep the best epoch (listed first)
-    final = checkpoint.load(run / "checkpoint_final.pt")
+    final = saved.load(run / "checkpoint_final.pt")
     assert final["chosen"] == winner
     source = "checkpoint_best.pt" if winner == "checkpoint_best.pt" else "checkpoint_averaged.pt"
-    expected = checkpoint.load(run / source)
+    expected = saved.load(run / source)
     torch.testing.assert_close(final["model"], expected["model"])
 
 
@@ -229,7 +231,7 @@ def test_resume_refuses_a_different_model(toy_corpus, tmp_path):
     cfg = make_config(toy_corpus, tmp_path / "run")
     cfg.model.d_model = 64
     trainer = Trainer(cfg, prepare_data(cfg, tmp_path / "run", 128), tmp_path / "run")
-    with pytest.raises(checkpoint.CheckpointError, match="different model"):
+    with pytest.raises(errors.CheckpointError, match="different model"):
         trainer.resume()
 
 
@@ -244,9 +246,9 @@ def test_average_command(toy_corpus, tmp_path):
     run = tmp_path / "run"
     make_trainer(toy_corpus, run, max_epochs=3, keep_last=3).fit(job_start=0)
     checkpoint.main([str(run), "--average-last", "2", "--output", str(tmp_path / "avg.pt")])
-    avg = checkpoint.load(tmp_path / "avg.pt")
+    avg = saved.load(tmp_path / "avg.pt")
     assert avg["averaged_from"] == [str(run / "checkpoint2.pt"), str(run / "checkpoint3.pt")]
-    checkpoint.build_model(avg)  # loads for translation
+    saved.build_model(avg)  # loads for translation
     with pytest.raises(SystemExit):
         checkpoint.main([str(run), "--average-last", "9"])
 
@@ -331,7 +333,7 @@ def _wait_on_rank(rank: int, port: int, wait_minutes: float | None, out) -> None
 
     import torch.distributed as dist
 
-    from mt import distributed
+    from mt.train import distributed
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             timeout=timedelta(seconds=1.5))  # fmt: skip
@@ -361,7 +363,7 @@ def _should_stop_on_rank(rank: int, port: int, elapsed: list[float], other: list
 
     import torch.distributed as dist
 
-    from mt.schedules import Budget
+    from mt.train.schedules import Budget
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
@@ -390,7 +392,7 @@ def _should_stop_on_rank(rank: int, port: int, elapsed: list[float], other: list
     ],
 )
 def test_ranks_agree_on_why_they_stop(elapsed, reasons, expected):
-    from mt.distributed import stop_code
+    from mt.train.distributed import stop_code
 
     got = on_two_ranks(_should_stop_on_rank, elapsed, reasons)
     assert [got[r][0] for r in range(2)] == [True, True]
@@ -448,7 +450,7 @@ def _resegment_on_rank(rank: int, port: int, corpus_dir: Path, run_dir: Path, ou
     """One rank of `test_bpe_dropout_ranks_batch_the_same_segmentation`."""
     import torch.distributed as dist
 
-    from mt.corpus import BPEDropoutSegments
+    from mt.data.bpe_dropout import BPEDropoutSegments
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
@@ -507,10 +509,10 @@ def test_failed_save_names_the_path_keeps_the_previous_and_leaves_no_temp_file(t
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", disk_full)
-    with pytest.raises(checkpoint.CheckpointError, match=r"checkpoint_last\.pt: could not be written \(No space left"):
+    with pytest.raises(errors.CheckpointError, match=r"checkpoint_last\.pt: could not be written \(No space left"):
         checkpoint.save_atomic({"format": 1, "model": {"w": torch.zeros(2)}}, path, keep_previous=True)
     monkeypatch.undo()
-    assert torch.equal(checkpoint.load(path)["model"]["w"], torch.ones(2))
+    assert torch.equal(saved.load(path)["model"]["w"], torch.ones(2))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_last.pt"]
 
 
@@ -520,7 +522,7 @@ def test_resume_falls_back_to_the_checkpoint_before_an_unreadable_last(toy_corpu
     first.fit(job_start=0)
     per_epoch = first.update // 2
     last = run / "checkpoint_last.pt"
-    assert checkpoint.load(checkpoint.previous(last))["update"] == per_epoch  # the end of epoch 1, kept
+    assert saved.load(run_dir.previous(last))["update"] == per_epoch  # the end of epoch 1, kept
     last.write_bytes(last.read_bytes()[:1000])  # truncated on disk
     second = make_trainer(toy_corpus, run, max_epochs=3)
     assert second.resume() and second.update == per_epoch and second.sampler.epoch == 1
@@ -540,7 +542,7 @@ def test_budget_stop_on_an_epochs_last_batch_ends_the_epoch(toy_corpus, tmp_path
     trainer = make_trainer(toy_corpus, tmp_path / "run", max_updates=n, keep_last=5)
     assert trainer.fit(job_start=0) == "max_updates"
     assert trainer.epochs_done == 1 and (tmp_path / "run" / "checkpoint1.pt").is_file()
-    assert checkpoint.load(tmp_path / "run" / "checkpoint_last.pt")["sampler"] == {"epoch": 1, "position": 0, "seed": 1}
+    assert saved.load(tmp_path / "run" / "checkpoint_last.pt")["sampler"] == {"epoch": 1, "position": 0, "seed": 1}
 
 
 def test_an_fp16_step_skipped_by_the_grad_scaler_is_not_an_update(toy_corpus, tmp_path):
@@ -606,11 +608,9 @@ def test_a_nan_on_one_rank_skips_the_update_on_every_rank(toy_corpus, tmp_path):
 def test_resume_refuses_a_run_whose_batches_or_updates_would_change(toy_corpus, tmp_path, caplog):
     run = tmp_path / "run"
     make_trainer(toy_corpus, run, max_updates=4, lr=3e-3).fit(job_start=0)
-    with pytest.raises(
-        checkpoint.CheckpointError, match=r"train.lr=0.003, this command train.lr=0.001; .*resume_anyway"
-    ):
+    with pytest.raises(errors.CheckpointError, match=r"train.lr=0.003, this command train.lr=0.001; .*resume_anyway"):
         make_trainer(toy_corpus, run, max_updates=8, lr=1e-3).resume()
-    with pytest.raises(checkpoint.CheckpointError, match=r"train.max_tokens=150, this command train.max_tokens=200"):
+    with pytest.raises(errors.CheckpointError, match=r"train.max_tokens=150, this command train.max_tokens=200"):
         make_trainer(toy_corpus, run, max_updates=8, max_tokens=200).resume()
     # what may change between stretches of a run: the budget, validation, logging
     assert make_trainer(toy_corpus, run, max_updates=8, max_epochs=9, valid_bleu=True, log_every=2).resume()
@@ -619,8 +619,8 @@ def test_resume_refuses_a_run_whose_batches_or_updates_would_change(toy_corpus, 
 
 
 def test_weight_average_follows_the_warmed_up_decay():
-    from mt.ema import WeightEMA
-    from mt.model import Transformer
+    from mt.model.transformer import Transformer
+    from mt.train.ema import WeightEMA
 
     torch.manual_seed(0)
     model = Transformer(tiny_model_config(), 30, 30)
@@ -659,7 +659,7 @@ def test_exact_resume_with_a_weight_average(toy_corpus, tmp_path):
 
 
 def test_a_run_with_a_weight_average_validates_both_and_keeps_the_average(toy_corpus, tmp_path):
-    from mt.inference import load_translator
+    from mt.decode.loading import load_translator
 
     run = tmp_path / "run"
     trainer = make_trainer(toy_corpus, run, max_epochs=2, ema_decay=0.99, average_last=0, valid_bleu=True)
@@ -670,7 +670,7 @@ def test_a_run_with_a_weight_average_validates_both_and_keeps_the_average(toy_co
                                    for r in valid)  # fmt: skip
     assert valid[-1]["valid_loss"] != valid[-1]["raw_valid_loss"]
     # What translate.py loads from the run dir is the weight average, not the trained weights.
-    model, _, _ = load_translator(checkpoint.load(run), DecodeConfig(), "fp32", torch.device("cpu"))
+    model, _, _ = load_translator(saved.load(run), DecodeConfig(), "fp32", torch.device("cpu"))
     decoded, averaged, raw = model.state_dict(), trainer.ema.model.state_dict(), trainer.model.state_dict()
     assert all(torch.equal(decoded[k], averaged[k]) for k in decoded)
     assert not all(torch.equal(decoded[k], raw[k]) for k in decoded)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from mt.config import ConfigError, DecodeConfig
-from mt.evaluation import translate_ids
+from mt.decode.batched import translate_ids
 from tests.conftest import ROOT
 
 LINES = ["the cat sees a dog", "", "big red house and a tree", "a small dog runs"]
@@ -78,7 +78,7 @@ def test_translate_file_streams_what_translate_gives(toy_run, tmp_path):
 def test_the_entry_points_first_import_does_not_load_torch():
     code = "import sys, mt.cli; assert 'torch' not in sys.modules; from mt import Translator; print(Translator)"
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0 and "mt.translator.Translator" in p.stdout, p.stderr[-1000:]
+    assert p.returncode == 0 and "mt.decode.translator.Translator" in p.stdout, p.stderr[-1000:]
 
 
 # ------------------------------------------------------------------ translate.py
@@ -185,7 +185,7 @@ def test_ensembles_and_ctranslate2_exports_sample_and_take_prefixes(toy_run, tmp
     seed; CTranslate2's scores are the model's log-probabilities."""
     pytest.importorskip("ctranslate2")
     from mt import Translator
-    from mt.export import export_ctranslate2
+    from mt.export.formats import export_ctranslate2
 
     ensemble = Translator.load([toy_run, toy_run], device="cpu", beam_size=2)
     single = Translator.load(toy_run, device="cpu", beam_size=2)
@@ -210,9 +210,10 @@ def test_ensembles_and_ctranslate2_exports_sample_and_take_prefixes(toy_run, tmp
 def test_sampling_at_load_or_per_file_draws_with_beam_1(toy_run, tmp_path):
     """Before: Translator.load(run, sampling=True) and translate_file(..., sampling=True) failed with 'needs
     decode.beam_size=1' (the run's beam was kept) where translate(sampling=True) set beam 1."""
-    from mt import Translator, checkpoint
+    from mt import Translator
+    from mt.model import saved
 
-    ckpt = checkpoint.load(toy_run)
+    ckpt = saved.load(toy_run)
     ckpt["config"]["decode"]["beam_size"] = 4  # a run that decodes with beam 4, as the recipes do (5)
     torch.save({k: v for k, v in ckpt.items() if k != "path"}, tmp_path / "beam4.pt")
     sampler = Translator.load(tmp_path / "beam4.pt", device="cpu", sampling=True, seed=3)
@@ -264,7 +265,7 @@ def test_a_streamed_prefix_run_answers_each_line_before_the_next_arrives(toy_run
     import io
 
     from mt import Translator
-    from mt.inference import AlignedFile
+    from mt.decode.lines import AlignedFile
 
     t = Translator.load(toy_run, device="cpu")
     (tmp_path / "prefix.txt").write_text("red house\n\nthe\n")

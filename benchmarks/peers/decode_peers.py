@@ -31,10 +31,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.speed.shapes import SHAPES, VOCAB  # noqa: E402
 from mt.config import DecodeConfig, ModelConfig  # noqa: E402
-from mt.model import Transformer  # noqa: E402
-from mt.quantize import quantize_int8  # noqa: E402
+from mt.decode.search import search  # noqa: E402
+from mt.model.quantize import quantize_int8  # noqa: E402
+from mt.model.transformer import Transformer  # noqa: E402
 from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
-from mt.search import search  # noqa: E402
 
 V, STEPS, N_SENT = VOCAB, 30, 64
 

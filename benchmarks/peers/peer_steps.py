@@ -66,7 +66,7 @@ def relabel(ids: torch.Tensor, pad: int, start: int) -> torch.Tensor:
 
 def this_project_model(d_model: int, n_heads: int, d_ff: int, layers: int):
     from mt.config import ModelConfig
-    from mt.model import Transformer
+    from mt.model.transformer import Transformer
 
     cfg = ModelConfig(
         name="bench",
@@ -83,7 +83,7 @@ def this_project_model(d_model: int, n_heads: int, d_ff: int, layers: int):
 
 
 def this_project(shape: dict):
-    from mt.training import TrainingLoss
+    from mt.train.trainer import TrainingLoss
 
     objective = TrainingLoss(this_project_model(**shape), 0.1)  # as the trainer runs: non-padding targets only
 

@@ -13,7 +13,7 @@ are the ones benchmarks/peers/<peer>/run.sh makes.
 
 One step = forward + label-smoothed cross-entropy + backward + Adam. The peers project every position to logits and
 take `label_smoothed_loss` (benchmarks/speed/reference_loss.py); this project runs its trainer's `TrainingLoss` (non-
-padding targets only, output projection fused with the same loss, `mt.loss`), which gives the same loss and
+padding targets only, output projection fused with the same loss, `mt.model.loss`), which gives the same loss and
 gradients. On random batches of ~4,000 target tokens with lengths 10-30 and an 8,000-type tied vocabulary. All
 systems have the same shape (post-norm, ReLU, dropout 0.1, three-way tied embeddings), see the same batches and are
 interleaved step by step in one process, so machine noise hits all alike. Prints target tokens/s median [min..max],
@@ -44,8 +44,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.peers.peer_steps import SYSTEMS, random_batches, this_project_model  # noqa: E402
 from benchmarks.speed.reference_loss import label_smoothed_loss  # noqa: E402
 from benchmarks.speed.shapes import SHAPES, VOCAB  # noqa: E402
-from mt.model import sinusoidal_positions  # noqa: E402
-from mt.training import TrainingLoss  # noqa: E402
+from mt.model.transformer import sinusoidal_positions  # noqa: E402
+from mt.train.trainer import TrainingLoss  # noqa: E402
 
 V, PAD, BOS = VOCAB, 0, 2
 

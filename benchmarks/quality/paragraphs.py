@@ -1,4 +1,4 @@
-"""Issue 45's measurement: translating paragraphs, without and with sentence splitting (mt/segment.py), against
+"""Issue 45's measurement: translating paragraphs, without and with sentence splitting (mt/decode/segment.py), against
 translating their sentences one per line.
 
     python benchmarks/quality/paragraphs.py RUN                 # Multi30k test_2016_flickr and IWSLT TED test, En->De
@@ -25,16 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt import data  # noqa: E402
-from mt.compare import System, compare, markdown  # noqa: E402
-from mt.translator import Translator  # noqa: E402
+from mt.data.read import read_lines  # noqa: E402
+from mt.decode.translator import Translator  # noqa: E402
+from mt.evaluate.compare import System, compare, markdown  # noqa: E402
 
 DATA = ROOT.parent / "shared/data"
 CORPORA = {"multi30k": ("multi30k", "test_2016_flickr"), "iwslt": ("iwslt_ted_de_en", "test")}
 
 
 def read(folder: str, split: str, lang: str) -> list[str]:
-    return [line.strip() for line in data.read_lines(DATA / folder / f"{split}.{lang}.gz")]
+    return [line.strip() for line in read_lines(DATA / folder / f"{split}.{lang}.gz")]
 
 
 def paragraphs(n_lines: int, count: int, seed: int) -> list[range]:

@@ -1,4 +1,4 @@
-"""Issue 46's measurements of lexically constrained decoding (mt/constraints.py), in one process per mode.
+"""Issue 46's measurements of lexically constrained decoding (mt/decode/constraints.py), in one process per mode.
 
     python benchmarks/quality/terminology.py constraints RUN            # Multi30k test_2016_flickr, En->De
     python benchmarks/quality/terminology.py glossary RUN --data ../shared/data/opus_emea_de_en
@@ -31,16 +31,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt import data  # noqa: E402
-from mt.compare import System, compare, markdown  # noqa: E402
-from mt.terminology import Glossary  # noqa: E402
-from mt.translator import Translator  # noqa: E402
+from mt.data.read import read_lines  # noqa: E402
+from mt.decode.terminology import Glossary  # noqa: E402
+from mt.decode.translator import Translator  # noqa: E402
+from mt.evaluate.compare import System, compare, markdown  # noqa: E402
 
 WORD = re.compile(r"\w[\w'-]*\w|\w")
 
 
 def read(path: Path) -> list[str]:
-    return [line.strip() for line in data.read_lines(path)]
+    return [line.strip() for line in read_lines(path)]
 
 
 def split_file(folder: Path, split: str, lang: str) -> Path:

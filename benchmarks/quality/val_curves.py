@@ -35,7 +35,7 @@ def ours(run: Path) -> list[tuple[int, float]]:
     """(update, total val NLL in nats) of a run: `valid_nll` times its val targets' tokens (</s> included)."""
     sys.path.insert(0, str(ROOT))
     from mt.config import TokenizerConfig
-    from mt.tokenizer import load_run_vocabs
+    from mt.data.tokenizer import load_run_vocabs
 
     vocabs = load_run_vocabs(TokenizerConfig(joint=(run / "tokenizer.json").is_file()), run)
     with gzip.open(VAL_DE, "rt", encoding="utf-8") as f:

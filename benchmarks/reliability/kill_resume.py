@@ -71,7 +71,7 @@ def child(args: list[str]) -> None:
 
     import torch
 
-    from mt.training import Trainer
+    from mt.train.trainer import Trainer
 
     real_save, real_validate = torch.save, Trainer.validate
 

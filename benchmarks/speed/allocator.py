@@ -29,11 +29,11 @@ from hydra import compose, initialize_config_dir
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt.batching import BatchLoader  # noqa: E402
 from mt.config import register_configs  # noqa: E402
 from mt.config_checks import to_dataclass  # noqa: E402
-from mt.corpus import make_sampler, prepare_data  # noqa: E402
-from mt.model import Transformer  # noqa: E402
+from mt.data.batching import BatchLoader  # noqa: E402
+from mt.data.corpus import make_sampler, prepare_data  # noqa: E402
+from mt.model.transformer import Transformer  # noqa: E402
 from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 
 

@@ -22,14 +22,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt import data  # noqa: E402
-from mt.batching import BatchLoader, make_batches  # noqa: E402
 from mt.config import DataConfig, TokenizerConfig  # noqa: E402
-from mt.corpus import (  # noqa: E402
-    build_vocabs,
-    make_sampler,  # noqa: E402
-    tokenize,
-)
+from mt.data import read  # noqa: E402
+from mt.data.batching import BatchLoader, make_batches  # noqa: E402
+from mt.data.corpus import build_vocabs, make_sampler, tokenize  # noqa: E402
 
 
 def main() -> None:
@@ -45,20 +41,20 @@ def main() -> None:
     cfg = DataConfig(name="multi30k", dir=args.dir, src_lang=args.src, tgt_lang=args.tgt)
 
     t = time.perf_counter()
-    train = data.load_split(cfg, "train")
+    train = read.load_split(cfg, "train")
     n_raw = len(train)
-    train = data.drop_empty(train, "train")
+    train = read.drop_empty(train, "train")
     t_load = time.perf_counter() - t
     t = time.perf_counter()
     vocabs = build_vocabs(
-        TokenizerConfig(vocab_size=args.vocab_size), data.TextPairs.of_table(train), Path(tempfile.mkdtemp())
+        TokenizerConfig(vocab_size=args.vocab_size), read.TextPairs.of_table(train), Path(tempfile.mkdtemp())
     )
     t_bpe = time.perf_counter() - t
     t = time.perf_counter()
-    ds = data.filter_lengths(tokenize(train, vocabs), cfg.max_len, cfg.max_ratio, "train")
+    ds = read.filter_lengths(tokenize(train, vocabs), cfg.max_len, cfg.max_ratio, "train")
     t_tok = time.perf_counter() - t
 
-    sampler = make_sampler(data.length_columns(ds), args.max_tokens, seed=1, shuffle=True)
+    sampler = make_sampler(read.length_columns(ds), args.max_tokens, seed=1, shuffle=True)
     src = np.array([len(s) + 1 for s in ds["src_ids"]])
     tgt = np.array([len(s) + 1 for s in ds["tgt_ids"]])
     rnd = make_batches(src, tgt, args.max_tokens, np.random.default_rng(1).permutation(len(src)))

@@ -23,9 +23,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt import checkpoint, data  # noqa: E402
 from mt.config import DecodeConfig  # noqa: E402
-from mt.evaluation import score, translate_ids  # noqa: E402
+from mt.data import read  # noqa: E402
+from mt.decode.batched import translate_ids  # noqa: E402
+from mt.evaluate.scoring import score  # noqa: E402
+from mt.model import saved  # noqa: E402
 from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 
 
@@ -38,9 +40,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     keep_freed_memory_in_the_heap()  # as translate.py does
-    model, vocabs = checkpoint.build_model(checkpoint.load(args.checkpoint))
+    model, vocabs = saved.build_model(saved.load(args.checkpoint))
     model.eval()
-    lines = list(data.read_lines(Path(args.input)))[: args.limit]
+    lines = list(read.read_lines(Path(args.input)))[: args.limit]
     src_ids = vocabs.src.encode_batch(lines)
     configs = {}
     for name, k in (("greedy", 1), ("beam 5", 5)):
@@ -70,7 +72,7 @@ def main() -> None:
             f"{name:<20}{statistics.median(rates):>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
             f"{vs[0]:>12.2f}x{vs[1]:>15.2f}x"
         )
-    refs = list(data.read_lines(Path(args.references)))[: args.limit] if args.references else None
+    refs = list(read.read_lines(Path(args.references)))[: args.limit] if args.references else None
     for k in ("greedy", "beam 5"):
         same = outputs[f"{k} cached"] == outputs[f"{k} uncached"]
         agree = sum(a == b for a, b in zip(outputs[f"{k} cached"], outputs[f"{k} int8"]))

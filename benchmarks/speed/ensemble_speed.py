@@ -2,7 +2,7 @@
 
     python benchmarks/speed/ensemble_speed.py RUN_A RUN_B [...] [--split test_2016_flickr] [--threads 2] [--repeats 3]
 
-The models are loaded as `translate.py checkpoint=[RUN_A,RUN_B]` loads them (`mt.inference.load_ensemble`: one
+The models are loaded as `translate.py checkpoint=[RUN_A,RUN_B]` loads them (`mt.decode.loading.load_ensemble`: one
 shared tokenizer, the mean of the models' log-probabilities at every step), then every decoder (each model alone, the
 ensemble) translates the same source ids of the split, greedy and with the first run's own beam settings, the
 configurations interleaved in each repeat. sentences/s is ids in, hypotheses out (median [min..max] of the repeats),
@@ -24,11 +24,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt import checkpoint, data  # noqa: E402
 from mt.config import DataConfig, DecodeConfig  # noqa: E402
+from mt.data import read  # noqa: E402
+from mt.decode.batched import translate_ids  # noqa: E402
+from mt.decode.loading import load_ensemble  # noqa: E402
 from mt.errors import USER_ERRORS  # noqa: E402
-from mt.evaluation import score, translate_ids  # noqa: E402
-from mt.inference import load_ensemble  # noqa: E402
+from mt.evaluate.scoring import score  # noqa: E402
+from mt.model import saved  # noqa: E402
 from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 
 
@@ -47,9 +49,9 @@ def main() -> None:
     keep_freed_memory_in_the_heap()  # as translate.py does
     cpu = torch.device("cpu")
     try:  # a missing run, models of another vocabulary, an unknown split: one line, as translate.py answers
-        ckpts = [checkpoint.load(path) for path in args.checkpoints]
+        ckpts = [saved.load(path) for path in args.checkpoints]
         ensemble, vocabs, _ = load_ensemble(ckpts, DecodeConfig(), "fp32", cpu)
-        split = data.drop_empty(data.load_split(DataConfig(**ckpts[0]["config"]["data"]), args.split), args.split)
+        split = read.drop_empty(read.load_split(DataConfig(**ckpts[0]["config"]["data"]), args.split), args.split)
     except USER_ERRORS as e:
         sys.exit(f"error: {e}")
     if args.limit:

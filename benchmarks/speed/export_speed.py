@@ -4,7 +4,7 @@ export (float32, int8), greedy and beam 5, on real text.
     pip install -e ".[ctranslate2]"
     python benchmarks/speed/export_speed.py RUN_DIR [--split test_2016_flickr] [--threads 2] [--repeats 2]
 
-The model is exported to CTranslate2 into a temporary directory (`mt.export.write_ctranslate2`, as
+The model is exported to CTranslate2 into a temporary directory (`mt.export.formats.write_ctranslate2`, as
 `python -m mt.export ctranslate2` does). Every decoder translates the same source ids (the run's BPE) from the
 split of the run's data config, the configurations interleaved in each repeat; sentences/s is ids in, hypotheses
 out (median of the repeats), BLEU is sacreBLEU of the detokenized output against the raw references.
@@ -31,12 +31,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt import checkpoint, data  # noqa: E402
 from mt.config import DataConfig, DecodeConfig  # noqa: E402
-from mt.ct2 import CTranslate2Model  # noqa: E402
-from mt.evaluation import score, translate_ids  # noqa: E402
-from mt.export import write_ctranslate2  # noqa: E402
-from mt.quantize import quantize_int8  # noqa: E402
+from mt.data import read  # noqa: E402
+from mt.decode.batched import translate_ids  # noqa: E402
+from mt.decode.ct2 import CTranslate2Model  # noqa: E402
+from mt.evaluate.scoring import score  # noqa: E402
+from mt.export.formats import write_ctranslate2  # noqa: E402
+from mt.model import saved  # noqa: E402
+from mt.model.quantize import quantize_int8  # noqa: E402
 from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 
 
@@ -51,10 +53,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     datasets.disable_progress_bars()
     keep_freed_memory_in_the_heap()  # as translate.py does
-    ckpt = checkpoint.load(args.checkpoint)
-    model, vocabs = checkpoint.build_model(ckpt)
+    ckpt = saved.load(args.checkpoint)
+    model, vocabs = saved.build_model(ckpt)
     model.eval()
-    split = data.drop_empty(data.load_split(DataConfig(**ckpt["config"]["data"]), args.split), args.split)
+    split = read.drop_empty(read.load_split(DataConfig(**ckpt["config"]["data"]), args.split), args.split)
     if args.limit:
         split = split.select(range(min(args.limit, len(split))))
     src, refs = list(split["src"]), list(split["tgt"])

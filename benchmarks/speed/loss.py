@@ -7,7 +7,7 @@
    is what the
    trainer ran before. Random fp32 logits (N tokens, V types).
 2. Output projection + that loss: projecting the decoder states to logits, then `label_smoothed_loss` (what the
-   trainer did before) vs `mt.loss.projected_label_smoothed_loss`, which does both a chunk of rows at a time,
+   trainer did before) vs `mt.model.loss.projected_label_smoothed_loss`, which does both a chunk of rows at a time,
    for each chunk size given. Random states (N, D) and a weight (V, D) scaled like the model's.
 
 The shapes default to one update of the Multi30k recipe (2,500-token batches, d_model 128, 8k joint BPE; the
@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.speed.reference_loss import label_smoothed_loss  # noqa: E402
-from mt.loss import projected_label_smoothed_loss  # noqa: E402
-from mt.tokenizer import PAD  # noqa: E402
+from mt.data.tokenizer import PAD  # noqa: E402
+from mt.model.loss import projected_label_smoothed_loss  # noqa: E402
 
 
 def autograd_reference(logits: torch.Tensor, target: torch.Tensor, eps: float) -> torch.Tensor:

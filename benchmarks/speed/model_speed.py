@@ -32,9 +32,9 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 
 from mt.config import register_configs  # noqa: E402
 from mt.config_checks import to_dataclass  # noqa: E402
-from mt.corpus import prepare_data  # noqa: E402
-from mt.evaluation import translate_ids  # noqa: E402
-from mt.training import Trainer  # noqa: E402
+from mt.data.corpus import prepare_data  # noqa: E402
+from mt.decode.batched import translate_ids  # noqa: E402
+from mt.train.trainer import Trainer  # noqa: E402
 
 
 def recipe(model: str, run_dir: Path):

@@ -7,7 +7,7 @@ Systems, each its own model and Adam, interleaved step by step on the same batch
 
 - plain: `Transformer.loss`, what a run without R-Drop computes;
 - plain, batch twice: the same on every batch stacked twice, the ideal cost of R-Drop's two passes;
-- R-Drop, fused: `mt.regularize.rdrop_loss`, the trainer's (`mt.loss.projected_rdrop_loss`);
+- R-Drop, fused: `mt.train.regularize.rdrop_loss`, the trainer's (`mt.model.loss.projected_rdrop_loss`);
 - R-Drop, full logits: the trainer's before it (`benchmarks/reference_loss.rdrop_loss_from_logits`).
 
 A step is forward, loss, backward, clipping and Adam, in fp32 (the recipe's precision on a CPU). The defaults are
@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.speed.reference_loss import rdrop_loss_from_logits  # noqa: E402
 from benchmarks.speed.train_precision import multi30k_batches, print_rates  # noqa: E402
-from mt.model import Transformer  # noqa: E402
-from mt.regularize import rdrop_loss  # noqa: E402
+from mt.model.transformer import Transformer  # noqa: E402
+from mt.train.regularize import rdrop_loss  # noqa: E402
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The label-smoothed loss from full logits with a closed-form backward: the reference that `mt.loss`'s fused
+"""The label-smoothed loss from full logits with a closed-form backward: the reference that `mt.model.loss`'s fused
 projection + loss is tested against (tests/test_loss.py) and measured against (benchmarks/speed/loss.py). The package
 itself trains with the fused version only."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from mt.tokenizer import PAD
+from mt.data.tokenizer import PAD
 
 
 class _LabelSmoothedCE(torch.autograd.Function):
@@ -53,7 +53,7 @@ def label_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) 
 
 
 def rdrop_loss_from_logits(model, src, src_pad_mask, tgt_in, tgt_out, eps: float, alpha: float):
-    """R-Drop's (loss, nll) as the trainer computed it before the fused `mt.loss.projected_rdrop_loss`: the batch
+    """R-Drop's (loss, nll) as the trainer computed it before the fused `mt.model.loss.projected_rdrop_loss`: the batch
     stacked twice through the model, both passes' full logits (padding included), then the formula left to
     autograd. The reference `benchmarks/speed/rdrop_step.py` times the fused version against."""
 

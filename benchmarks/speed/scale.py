@@ -142,7 +142,7 @@ def stage_times(log_path: Path) -> dict:
 BATCHING = """
 import sys, time, numpy as np
 sys.path.insert(0, sys.argv[1])
-from mt.batching import TokenBucketSampler
+from mt.data.batching import TokenBucketSampler
 lens = np.load(sys.argv[2])
 sampler = TokenBucketSampler(lens[0] + 1, lens[1] + 1, int(sys.argv[3]), seed=1)
 t = time.perf_counter()

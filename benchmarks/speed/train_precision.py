@@ -6,7 +6,7 @@ the trainer's fused output projection + loss vs projecting to logits first.
 A step is what the trainer does per update: forward, label-smoothed loss, backward, clip, Adam. Batches come from
 the token-bucket sampler over Multi30k train with an 8k joint BPE. The systems are interleaved step by step (same
 batches, same process) so machine noise hits all alike; the table gives median [min..max] target tokens/s.
-"fp32, logits then loss" is the trainer before `mt.loss.projected_label_smoothed_loss`: the (N, V) logits of the
+"fp32, logits then loss" is the trainer before `mt.model.loss.projected_label_smoothed_loss`: the (N, V) logits of the
 non-padding targets, then `label_smoothed_loss`.
 """
 
@@ -28,12 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.speed.reference_loss import label_smoothed_loss  # noqa: E402
-from mt.batching import BatchLoader  # noqa: E402
 from mt.config import register_configs  # noqa: E402
 from mt.config_checks import to_dataclass  # noqa: E402
-from mt.corpus import make_sampler, prepare_data  # noqa: E402
-from mt.model import Transformer  # noqa: E402
-from mt.tokenizer import PAD  # noqa: E402
+from mt.data.batching import BatchLoader  # noqa: E402
+from mt.data.corpus import make_sampler, prepare_data  # noqa: E402
+from mt.data.tokenizer import PAD  # noqa: E402
+from mt.model.transformer import Transformer  # noqa: E402
 
 
 def multi30k_batches(model: str, max_tokens: int, n: int):

@@ -17,7 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mt.config import ServeConfig
-from mt.inference import decode_ids
+from mt.decode.batched import decode_ids
 from mt.serve.access import ApiKeys, Gate
 from mt.serve.batching import BadRequest, Batcher
 from mt.serve.http import BodyLimit, Guarded, Observed
@@ -41,7 +41,7 @@ COUNTS = ("batches", "requests", "dropped", "refused", "restarts", "queued_token
 
 
 def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys | None = None) -> FastAPI:
-    """The app over loaded models: a list of `Served`, or one mt.translator.Translator (this project's model, an
+    """The app over loaded models: a list of `Served`, or one mt.decode.translator.Translator (this project's model, an
     ensemble or a CTranslate2 export) with its `info`. `keys`: the API keys (None: the server has none)."""
     if not isinstance(models, list):
         models = [Served("default", models, info or {})]
@@ -161,7 +161,7 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
 
 def _decoder(translator, batch_rows: int):
     """The decoding a model's worker calls (in a thread): the lines by length, in decodes of at most `batch_rows`
-    decoder rows (a line takes one per beam, or per sample), each stopped by `stop()` (see mt.inference.Stoppable)."""
+    decoder rows (a line takes one per beam, or per sample), each stopped by `stop()` (mt.decode.batched.Stoppable)."""
 
     def decode(src_ids, settings, prefixes, numbers, constraints, stop):
         per = max(1, batch_rows // max(settings.beam_size, settings.nbest))

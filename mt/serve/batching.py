@@ -19,9 +19,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from mt.config import ConfigError, DecodeConfig
-from mt.constraints import Constraints
-from mt.inference import Stopped
-from mt.search import Hypothesis
+from mt.decode.batched import Stopped
+from mt.decode.constraints import Constraints
+from mt.decode.search import Hypothesis
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 @dataclass
 class Served:
     name: str
-    translator: object  # mt.translator.Translator
+    translator: object  # mt.decode.translator.Translator
     info: dict  # what /info says of it
     cfg: ServeConfig | None = None  # the server's settings with this model's decode settings (None: the server's)
     batcher: Batcher | None = field(default=None, repr=False)
@@ -77,11 +77,11 @@ def pick(models: list[Served], name: str | None, tgt_lang: str | None) -> Served
 def load(cfg: ServeConfig, overrides: list[str]) -> list[Served]:
     """The models of `cfg.checkpoint`, loaded (each checkpoint once), each with its run's decode settings under the
     command line's `decode.*` (`overrides`)."""
-    from mt import checkpoint
-    from mt.inference import glossary_of, run_decode_settings
-    from mt.model_card import read_parent, run_files, test_scores
+    from mt.decode.loading import glossary_of, run_decode_settings
+    from mt.decode.translator import Translator
+    from mt.model import saved
     from mt.runtime import pick_device
-    from mt.translator import Translator
+    from mt.train.records import read_parent, run_files, test_scores
 
     named = named_checkpoints(cfg.checkpoint)
     if cfg.glossary and len(set(named.values())) > 1:
@@ -90,7 +90,7 @@ def load(cfg: ServeConfig, overrides: list[str]) -> list[Served]:
     glossary, device, loaded, models = glossary_of(cfg), pick_device(cfg.device), {}, []
     for name, path in named.items():
         if path not in loaded:
-            ckpt = checkpoint.load(path)
+            ckpt = saved.load(path)
             own = dataclasses.replace(cfg, checkpoint=path, decode=run_decode_settings(cfg.decode, ckpt, overrides))
             translator = Translator.open([ckpt], own.decode, device, cfg.precision, tgt_lang=cfg.tgt_lang)
             translator.glossary = glossary

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict
 
 from mt.config import ConfigError, DecodeConfig, ServeConfig
-from mt.segment import Document, refuse_with_split
+from mt.decode.segment import Document, refuse_with_split
+from mt.decode.terminology import Glossary, line_constraints
+from mt.decode.translator import in_pieces
 from mt.serve.batching import BadRequest
-from mt.terminology import Glossary, line_constraints
-from mt.translator import in_pieces
 
 
 class TranslateRequest(BaseModel):
@@ -28,7 +28,7 @@ class TranslateRequest(BaseModel):
     constraints: list[list[str]] | None = None  # per line: target phrases its translation must contain
     glossary: dict[str, str] | None = None  # source term -> target term, on top of the server's glossary=FILE
     constraint_order: str | None = None  # unordered (default) | ordered
-    split: bool = False  # each line a paragraph: translated sentence by sentence, joined back (mt/segment.py)
+    split: bool = False  # each line a paragraph: translated sentence by sentence, joined back (mt/decode/segment.py)
 
 
 def request_split(req: TranslateRequest, translator, decode: DecodeConfig, cfg: ServeConfig) -> Document | None:

@@ -1,0 +1,261 @@
+"""Subword vocabularies: BPE trained with Hugging Face `tokenizers`, saved as `tokenizer.json` in the run dir.
+
+Metaspace turns spaces into a visible marker (as SentencePiece does) and its decoder turns them back, and the
+punctuation split only cuts between characters, so `decode(encode(s)) == s` for any NFC text whose characters
+were seen in training (with the default normalization; "NFC+Lowercase" lowercases on the way in). Special tokens
+take fixed ids: <pad>=0, <unk>=1, <s>=2, </s>=3; their text in an input is plain text, never the special id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import math
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from mt.config import TokenizerConfig
+from mt.data.pretokenize import Moses, moses
+from mt.errors import TokenizerError
+
+log = logging.getLogger(__name__)
+
+SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+PRETOKENIZE_FILE = "pretokenize.json"  # beside tokenizer.json: tokenizer.pretokenize's setting and languages
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+class Vocab:
+    """One BPE tokenizer: text <-> ids without special tokens (the model adds <s> and </s> itself). With `moses`
+    (tokenizer.pretokenize=moses), text is Moses-tokenized in its language before the BPE and detokenized after."""
+
+    def __init__(self, tokenizer: Tokenizer, moses: Moses | None = None):
+        self.tokenizer, self.moses = tokenizer, moses
+        # Text is text: "<pad>", "</s>" or "<2fr>" typed in an input are split like any other characters, never
+        # matched as the special token (which would mask a source as padding, end a prefix or pick a language).
+        # The model's specials come from ids, not from text. (A setting of the object, not saved in the JSON.)
+        tokenizer.encode_special_tokens = True
+        for i, tok in enumerate(SPECIALS):
+            if tokenizer.token_to_id(tok) != i:
+                raise TokenizerError(f"tokenizer has {tok} at id {tokenizer.token_to_id(tok)}, expected {i}")
+
+    def __len__(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def pretokenized(self, texts: list[str]) -> list[str]:
+        """`texts` as the BPE sees them: Moses-tokenized with `moses`, else as they are."""
+        return [self.moses.tokenize(t) for t in texts] if self.moses is not None else texts
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(self.pretokenized([text])[0], add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # encode_batch_fast (tokenizers >= 0.21) skips the character offsets, which nothing here reads.
+        encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
+        return [e.ids for e in encode(self.pretokenized(texts), add_special_tokens=False)]
+
+    def tokens(self, ids: list[int]) -> list[str]:
+        return [self.tokenizer.id_to_token(i) for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.decode_batch([ids])[0]
+
+    def decode_batch(self, batch: list[list[int]]) -> list[str]:
+        texts = self.tokenizer.decode_batch(batch, skip_special_tokens=True)
+        return [self.moses.detokenize(t) for t in texts] if self.moses is not None else texts
+
+    @property
+    def lowercases(self) -> bool:
+        """The tokenizer lowercases its input (a lowercased model: its output is lowercase)."""
+        norm = self.tokenizer.normalizer
+        return norm is not None and norm.normalize_str("A") == "a"
+
+    def digest(self) -> str:
+        """The tokenizer's identity (what ids its text gets): its JSON, and its pre-tokenization if any."""
+        text = self.tokenizer.to_str() + (f"|moses:{self.moses.lang}" if self.moses is not None else "")
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_file(cls, path: str | Path, moses: Moses | None = None) -> Vocab:
+        try:
+            return cls(Tokenizer.from_file(str(path)), moses)
+        except Exception as e:
+            raise TokenizerError(f"{path}: not a usable tokenizer.json ({e}); delete it to retrain") from None
+
+
+def with_bpe_dropout(vocab: Vocab, p: float) -> Tokenizer:
+    """A copy of `vocab`'s tokenizer that skips each BPE merge with probability `p` (for training data only)."""
+    tok = Tokenizer.from_str(vocab.tokenizer.to_str())
+    tok.model.dropout = p
+    tok.encode_special_tokens = True  # as Vocab's
+    return tok
+
+
+@dataclass
+class Vocabs:
+    """Source and target vocabularies; one shared tokenizer when the vocabulary is joint (one shared object too,
+    unless each side pre-tokenizes in its own language)."""
+
+    src: Vocab
+    tgt: Vocab
+
+    @property
+    def joint(self) -> bool:
+        return self.src.tokenizer is self.tgt.tokenizer
+
+    @property
+    def pretokenize(self) -> dict | None:
+        """{"kind": "moses", "src_lang": .., "tgt_lang": ..}, or None: how text is prepared before the BPE."""
+        if self.src.moses is None:
+            return None
+        return {"kind": "moses", "src_lang": self.src.moses.lang, "tgt_lang": self.tgt.moses.lang}
+
+    def files(self, dir: Path) -> dict[str, Path]:
+        if self.joint:
+            return {"joint": dir / "tokenizer.json"}
+        return {"src": dir / "tokenizer.src.json", "tgt": dir / "tokenizer.tgt.json"}
+
+    def save(self, dir: Path) -> None:
+        """The tokenizer files, and `PRETOKENIZE_FILE` beside them when text is pre-tokenized (else none: an old
+        one is removed, so the directory describes these tokenizers alone)."""
+        dir.mkdir(parents=True, exist_ok=True)
+        for side, path in self.files(dir).items():
+            (self.src if side in ("joint", "src") else self.tgt).tokenizer.save(str(path))
+        if self.pretokenize is not None:
+            (dir / PRETOKENIZE_FILE).write_text(json.dumps(self.pretokenize) + "\n")
+        else:
+            (dir / PRETOKENIZE_FILE).unlink(missing_ok=True)
+
+    def to_json(self) -> dict:
+        """The tokenizers as JSON strings, stored inside checkpoints so a checkpoint is self-contained."""
+        d = {"src": self.src.tokenizer.to_str(), "tgt": None if self.joint else self.tgt.tokenizer.to_str()}
+        return d | ({"pretokenize": self.pretokenize} if self.pretokenize is not None else {})
+
+    @classmethod
+    def from_json(cls, d: dict) -> Vocabs:
+        src = Tokenizer.from_str(d["src"])
+        tgt = src if d["tgt"] is None else Tokenizer.from_str(d["tgt"])
+        return cls.of(src, tgt, d.get("pretokenize"))
+
+    @classmethod
+    def of(cls, src: Tokenizer, tgt: Tokenizer, pretokenize: dict | None = None) -> Vocabs:
+        """Vocabs over the tokenizers `src` and `tgt` (the same object: joint), pre-tokenizing as `pretokenize`
+        (`Vocabs.pretokenize`'s form) says."""
+        if pretokenize is None:
+            vocab = Vocab(src)
+            return cls(vocab, vocab if tgt is src else Vocab(tgt))
+        if pretokenize.get("kind") != "moses":
+            raise TokenizerError(f"pretokenize={pretokenize!r}: unknown; this version knows moses")
+        return cls(Vocab(src, moses(pretokenize["src_lang"])), Vocab(tgt, moses(pretokenize["tgt_lang"])))
+
+    def pretokenizing(self, kind: str, src_lang: str, tgt_lang: str) -> Vocabs:
+        """These tokenizers with `tokenizer.pretokenize=kind` in the run's languages ("none": as they are)."""
+        spec = {"kind": kind, "src_lang": src_lang, "tgt_lang": tgt_lang} if kind != "none" else None
+        return Vocabs.of(self.src.tokenizer, self.tgt.tokenizer, spec)
+
+
+def new_tokenizer(normalization: str) -> Tokenizer:
+    """An untrained BPE tokenizer; `normalization` as `tokenizer.normalization` ("NFC", "NFC+Lowercase")."""
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    steps = [getattr(normalizers, name)() for name in normalization.split("+")]
+    tok.normalizer = steps[0] if len(steps) == 1 else normalizers.Sequence(steps)
+    # Spaces become "▁" (kept on the following word); punctuation is split off so that "dog." and "dog" share
+    # a subword, which matters on small corpora. Both steps are undone exactly by the Metaspace decoder.
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated")]
+    )
+    tok.decoder = decoders.Metaspace()
+    return tok
+
+
+def sample_pairs(pairs: Iterable[tuple[str, str]], k: int, seed: int = 0) -> tuple[list[tuple[str, str]], int]:
+    """A uniform random sample of `k` pairs (all of them if there are fewer; k = 0: all) in one pass, and the number
+    of pairs seen. Reservoir sampling with geometric skips (Li's algorithm L), so a corpus of millions costs a few
+    thousand random draws beyond reading it."""
+    it = iter(pairs)
+    sample = list(itertools.islice(it, k)) if k else list(it)
+    seen = len(sample)
+    if not k or seen < k:
+        return sample, seen
+    rng = random.Random(seed)
+    w = math.exp(math.log(rng.random()) / k)
+    while True:
+        skip = int(math.log(rng.random()) / math.log(1 - w))
+        taken = list(itertools.islice(it, skip + 1))
+        seen += len(taken)
+        if len(taken) <= skip:
+            return sample, seen
+        sample[rng.randrange(k)] = taken[-1]
+        w *= math.exp(math.log(rng.random()) / k)
+
+
+def balanced_sample(languages: list[tuple[Iterable[tuple[str, str]], str, str]], k: int) -> dict[str, list[str]]:
+    """Up to `k` sentences of each language, from the first direction it appears in: in [en-de, en-fr, en-cs] English
+    is one language of four, not half of the text as in the directions' pairs."""
+    out: dict[str, list[str]] = {}
+    for pairs, src, tgt in languages:
+        if src in out and tgt in out:
+            continue
+        sample, _ = sample_pairs(pairs, k)
+        for side, lang in ((0, src), (1, tgt)):
+            out.setdefault(lang, [p[side] for p in sample])
+    return out
+
+
+def train_vocab(
+    cfg: TokenizerConfig, pairs: list[tuple[str, str]], sides: tuple[int, ...], tags: tuple[str, ...] = ()
+) -> Vocab:
+    """BPE on the sentences of `pairs` (side 0: source, 1: target), fed in chunks of 2,000 pairs, side by side.
+    `tags`: special tokens after the four fixed ones (a corpus's tag, e.g. <bt>), each one id."""
+    texts = ([p[side] for p in pairs[i : i + 2000]] for i in range(0, len(pairs), 2000) for side in sides)
+    return train_vocab_on(cfg, texts, len(pairs) * len(sides), tags)
+
+
+def train_vocab_on(cfg: TokenizerConfig, texts: Iterable[list[str]], n: int, tags: tuple[str, ...] = ()) -> Vocab:
+    """BPE on `texts`, chunks of sentences (`n` sentences in all); see `train_vocab`."""
+    tok = new_tokenizer(cfg.normalization)
+    trainer = trainers.BpeTrainer(
+        vocab_size=cfg.vocab_size,
+        min_frequency=cfg.min_frequency,
+        special_tokens=[*SPECIALS, *tags],
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer, length=n)
+    return Vocab(tok)
+
+
+def load_run_vocabs(cfg: TokenizerConfig, run_dir: Path) -> Vocabs:
+    """The tokenizers a directory holds (a run dir, a release, an export), with its `PRETOKENIZE_FILE` if any."""
+    if cfg.joint:
+        src = tgt = Vocab.from_file(run_dir / "tokenizer.json").tokenizer
+    else:
+        src = Vocab.from_file(run_dir / "tokenizer.src.json").tokenizer
+        tgt = Vocab.from_file(run_dir / "tokenizer.tgt.json").tokenizer
+    return Vocabs.of(src, tgt, read_pretokenize(run_dir))
+
+
+def read_pretokenize(dir: Path) -> dict | None:
+    """The pre-tokenization recorded beside a directory's tokenizer files (`Vocabs.save`), or None."""
+    path = dir / PRETOKENIZE_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise TokenizerError(f"{path}: not readable JSON ({e}); restore it from the run or re-export") from None
+
+
+def read_tokenizer_files(dir: Path) -> dict:
+    """The tokenizers of an exported model dir as checkpoints store them (`Vocabs.to_json`: JSON strings, and the
+    pre-tokenization recorded beside them)."""
+    pretokenize = read_pretokenize(dir)
+    extra = {"pretokenize": pretokenize} if pretokenize is not None else {}
+    if (dir / "tokenizer.json").is_file():
+        return {"src": (dir / "tokenizer.json").read_text(), "tgt": None, **extra}
+    return {"src": (dir / "tokenizer.src.json").read_text(), "tgt": (dir / "tokenizer.tgt.json").read_text(), **extra}

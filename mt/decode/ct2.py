@@ -1,0 +1,105 @@
+"""Decoding with a CTranslate2 export (`python -m mt.export ctranslate2 ...`), behind the interface translate.py
+and the server use for this project's own search: source ids in, `Hypothesis` lists out.
+
+What is the same: the tokenizer (the export's tokenizer.json), beam size, n-best, <unk> suppression, and the
+length limit `max_len_a * src_len + max_len_b` (sentences are grouped by their limit, as CTranslate2 takes one per
+call). What differs: CTranslate2's length penalty is `score / length^alpha` (this project's
+`decode.length_penalty_type=average`); with the default GNMT penalty the two searches rank finished hypotheses
+differently, so set `length_penalty_type=average` (or alpha 0) for identical beams. A hypothesis that reaches the
+limit ends there in CTranslate2 without the </s> log-probability this project's search adds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from mt.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig
+from mt.data.tokenizer import Vocabs, load_run_vocabs
+from mt.decode.search import Hypothesis, output_cap
+
+
+def require_ctranslate2():
+    """The ctranslate2 module, or a one-line error naming the extra that installs it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ConfigError(
+            "CTranslate2 is not installed; pip install -e '.[ctranslate2]' (or pip install ctranslate2)"
+        ) from None
+    return ctranslate2
+
+
+class CTranslate2Model:
+    """A CTranslate2 Translator over an export directory, with the export's model config (for `max_positions`)."""
+
+    def __init__(self, path: str | Path, device: torch.device, threads: int | None = None):
+        ctranslate2 = require_ctranslate2()
+        path = Path(path)
+        meta = json.loads((path / "mt.json").read_text())
+        self.cfg = ModelConfig(**meta["model_args"]["model"])
+        self.run_config = meta["config"]
+        self.quantization = meta["quantization"]
+        self.translator = ctranslate2.Translator(
+            str(path),
+            device="cuda" if device.type == "cuda" else "cpu",
+            device_index=device.index or 0,  # cuda:1 decodes on the second GPU
+            intra_threads=threads or torch.get_num_threads(),
+        )
+        self.vocabs: Vocabs = load_run_vocabs(TokenizerConfig(joint=(path / "tokenizer.json").is_file()), path)
+
+    def translate_ids(
+        self, src_ids: list[list[int]], cfg: DecodeConfig, prefixes: list[list[int]] | None = None
+    ) -> list[list[Hypothesis]]:
+        """Hypotheses for each source (ids without </s>), in input order; `prefixes`: target ids each line's
+        hypotheses start with (CTranslate2's target_prefix). Sampling draws from CTranslate2's own generator: its
+        `set_random_seed` (called with `cfg.seed`) does not reach the translator's worker threads (CTranslate2
+        issue 1757), so samples are not reproducible as this project's are."""
+        alpha = cfg.length_penalty  # CTranslate2 applies it as score / len^alpha, whatever length_penalty_type says
+        groups: dict[int, list[int]] = defaultdict(list)
+        out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]  # empty in, empty out
+        for i, ids in enumerate(src_ids):
+            if not ids:
+                continue
+            limit = min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), output_cap(self, cfg))
+            groups[max(1, limit)].append(i)
+        src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt.tokenizer
+        sampling = {}
+        if cfg.sampling:
+            require_ctranslate2().set_random_seed(cfg.seed)
+            sampling = dict(sampling_topk=cfg.topk, sampling_topp=cfg.topp, sampling_temperature=cfg.temperature)
+        for limit, rows in groups.items():
+            prefix = [self.vocabs.tgt.tokens(prefixes[i]) for i in rows] if prefixes else None
+            results = self.translator.translate_batch(
+                [src_vocab.tokens(src_ids[i]) for i in rows],
+                target_prefix=prefix,
+                max_batch_size=cfg.max_tokens,
+                batch_type="tokens",
+                beam_size=cfg.beam_size,
+                num_hypotheses=cfg.nbest,
+                length_penalty=alpha,
+                max_decoding_length=max(1, limit - 1),  # tokens before </s>, as the limit counts </s>
+                min_decoding_length=cfg.min_len,
+                disable_unk=cfg.no_unk,
+                max_input_length=0,
+                return_scores=True,
+                **sampling,
+            )
+            for i, r in zip(rows, results):
+                out[i] = [
+                    Hypothesis([tgt_vocab.token_to_id(t) for t in tokens], score, score if not alpha else math.nan)
+                    for tokens, score in zip(r.hypotheses, r.scores)
+                ]
+        return out
+
+    def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[float]:
+        """The log-probability of each target given its source (</s> included), by CTranslate2's score_batch."""
+        src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt
+        results = self.translator.score_batch(
+            [src_vocab.tokens(s) for s in src_ids], [tgt_vocab.tokens(t) for t in tgt_ids], max_input_length=0
+        )
+        return [sum(r.log_probs) for r in results]

@@ -1,0 +1,192 @@
+"""Terminology for the Translator: each line's constraint phrases, from a constraints file or the API (given per line)
+and from a glossary (the target terms whose source terms occur in the line), encoded for the constrained search
+(mt/decode/constraints.py), and a tally of what the translations hold.
+
+    glossary.tsv:   package leaflet<TAB>Packungsbeilage
+                    tablet<TAB>Tablette
+
+    python translate.py checkpoint=RUN glossary=glossary.tsv < in.en
+    python translate.py checkpoint=RUN constraints=cons.de < in.en    # per line: phrase<TAB>phrase..., or empty
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from mt.config import ConfigError, DecodeConfig
+from mt.data import read
+from mt.data.tokenizer import UNK, Vocab
+from mt.decode.constraints import Constraints
+from mt.decode.search import Hypothesis
+
+log = logging.getLogger(__name__)
+
+
+def fold(text: str) -> str:
+    """The form in which `glossary_ignore_case` compares terms and text: Unicode case folding, with the dotted
+    capital I (U+0130, which folds to "i" and a combining dot) folded to "i" as Turkish and Azeri lowercase it. The
+    dotless "ı" stays a letter of its own ("sıt" is not "sit"), unlike in `re.IGNORECASE`."""
+    return text.casefold().replace("i\u0307", "i")
+
+
+class Glossary:
+    """Source term -> target term. A term matches as whole words (not inside a longer word), the longest term first
+    where two overlap; with `ignore_case`, terms and text are compared in their `fold`ed forms (the pattern is
+    matched against the folded line, so a match is always one of the keys)."""
+
+    def __init__(self, terms: dict[str, str], ignore_case: bool = False):
+        self.ignore_case = ignore_case
+        self.terms = {self._key(s): t for s, t in terms.items()}
+        alternatives = "|".join(re.escape(s) for s in sorted(self.terms, key=len, reverse=True))
+        self.pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)") if terms else None
+
+    def _key(self, term: str) -> str:
+        return fold(term) if self.ignore_case else term
+
+    def __len__(self) -> int:
+        return len(self.terms)
+
+    @classmethod
+    def from_file(cls, path: str | Path, ignore_case: bool = False, key: str = "glossary") -> Glossary:
+        """A TSV file: "source term<TAB>target term" per line; blank lines and lines starting with # are skipped."""
+        if not Path(path).is_file():
+            raise read.DataError(f"{key}={path}: no such file; give a TSV file of source term<TAB>target term lines")
+        pairs = []
+        for n, line in enumerate(read.read_lines(Path(path)), start=1):
+            if not line.strip() or line.startswith("#"):
+                continue
+            cells = [c.strip() for c in line.rstrip("\n").split("\t")]
+            if len(cells) != 2 or not all(cells):
+                raise read.DataError(f"{path}:{n}: expected 'source term<TAB>target term', got {line.strip()!r}")
+            pairs.append((cells[0], cells[1], f"{path}:{n}"))
+        return cls.from_pairs(pairs, ignore_case)
+
+    @classmethod
+    def from_pairs(cls, pairs: list[tuple[str, str, str]], ignore_case: bool = False) -> Glossary:
+        """From (source, target, where) triples; an empty term, or a source term given two different targets, is a
+        one-line error naming `where`."""
+        terms: dict[str, str] = {}
+        seen: dict[str, tuple[str, str]] = {}
+        for src, tgt, where in pairs:
+            src, tgt = src.strip(), tgt.strip()
+            if not src or not tgt:  # an empty source term would match between any two non-word characters
+                raise ConfigError(f"{where}: an empty {'source' if not src else 'target'} term; give both terms")
+            key = fold(src) if ignore_case else src
+            if key in seen and seen[key][0] != tgt:
+                raise ConfigError(f"{where}: {src!r} is translated {tgt!r} here but {seen[key][0]!r} at "
+                                  f"{seen[key][1]}; keep one")  # fmt: skip
+            seen[key] = (tgt, where)
+            terms[src] = tgt
+        return cls(terms, ignore_case)
+
+    def merged(self, other: Glossary) -> Glossary:
+        """This glossary with `other`'s terms on top (a request's terms over the server's); linear in the terms. The
+        result ignores case if either does."""
+        ignore_case = self.ignore_case or other.ignore_case
+        key = fold if ignore_case else (lambda term: term)
+        return Glossary({**{key(s): t for s, t in self.terms.items()}, **{key(s): t for s, t in other.terms.items()}},
+                        ignore_case)  # fmt: skip
+
+    def find(self, line: str) -> list[str]:
+        """The target terms of the source terms in `line`, in order of first occurrence, each once."""
+        if self.pattern is None:
+            return []
+        found = (self.terms[m.group(0)] for m in self.pattern.finditer(self._key(line)))
+        return list(dict.fromkeys(found))
+
+
+@dataclass
+class Tally:
+    """What the constraints of a run asked and what its translations hold."""
+
+    lines: int = 0  # lines with constraints
+    phrases: int = 0
+    met: int = 0
+    glossary_lines: int = 0  # lines where a glossary term occurs
+    glossary_terms: int = 0
+    glossary: bool = False  # a glossary was applied
+
+    def log(self) -> None:
+        if self.glossary:
+            log.info("glossary: terms in %d lines (%d terms)", self.glossary_lines, self.glossary_terms)
+        if self.lines:
+            log.info("constraints: %d of %d met (%.1f%%) in %d lines", self.met, self.phrases,
+                     100 * self.met / self.phrases, self.lines)  # fmt: skip
+
+
+@cache
+def word_boundaries(vocab: Vocab) -> frozenset[int]:
+    """The tokens before which a word has ended: those that begin a word (Metaspace's mark) and punctuation."""
+    return frozenset(i for tok, i in vocab.tokenizer.get_vocab().items()
+                     if i > UNK and (tok.startswith("\u2581") or not any(c.isalnum() for c in tok)))  # fmt: skip
+
+
+def check_search(decode: DecodeConfig, where: str) -> None:
+    """Constraints need beam search: sampling and greedy search are refused in one line."""
+    if decode.sampling:
+        raise ConfigError(f"{where}: constraints need beam search, not sampling; unset decode.sampling")
+    if decode.beam_size < 2:
+        raise ConfigError(f"{where}: constraints need decode.beam_size >= 2 (the beam is shared among hypotheses by "
+                          f"the constraints they met), not {decode.beam_size}")  # fmt: skip
+
+
+def line_constraints(
+    vocab: Vocab,
+    lines: list[str],
+    phrases: list[list[str]] | None,
+    glossary: Glossary | None,
+    decode: DecodeConfig,
+    where: str = "constraints",
+    first_line: int = 0,
+    tally: Tally | None = None,
+) -> list[Constraints] | None:
+    """Each line's constraints (its own phrases, then its glossary terms) as target token ids, or None when no line
+    has any. A phrase is encoded as it appears inside a sentence (a word's first piece has the word-start mark) and
+    must be followed by a word boundary; one the vocabulary cannot produce (an <unk>) is a one-line error naming
+    the line."""
+    if phrases is None and glossary is None:
+        return None
+    check_search(decode, where)  # whatever the lines hold: a glossary's fate must not depend on the text
+    if phrases is not None and len(phrases) != len(lines):
+        raise ConfigError(f"{where}: {len(phrases)} lines of constraints for {len(lines)} input lines; one per line")
+    per_line = []
+    if tally is not None and glossary is not None:
+        tally.glossary = True
+    for i, line in enumerate(lines):
+        own = [p.strip() for p in (phrases[i] if phrases is not None else []) if p.strip()]
+        terms = glossary.find(line) if glossary is not None and line else []
+        if tally is not None and terms:
+            tally.glossary_lines, tally.glossary_terms = tally.glossary_lines + 1, tally.glossary_terms + len(terms)
+        per_line.append(list(dict.fromkeys(own + terms)) if line else [])
+    if not any(per_line):
+        return None
+    flat = [p for ps in per_line for p in ps]
+    ids = iter(vocab.encode_batch(flat))
+    out = []
+    for i, ps in enumerate(per_line):
+        encoded = [next(ids) for _ in ps]
+        for p, e in zip(ps, encoded):
+            if UNK in e:
+                bad = "".join(dict.fromkeys(c for c in p if UNK in vocab.encode(c)))
+                raise ConfigError(f"{where}:{first_line + i + 1}: the constraint {p!r} has characters the model's "
+                                  f"vocabulary cannot produce ({bad!r}); remove or respell it")  # fmt: skip
+        out.append(Constraints(encoded, decode.constraint_order == "ordered", word_boundaries(vocab)))
+    return out
+
+
+def check(constraints: list[Constraints] | None, hyps: list[list[Hypothesis]], first_line: int, tally: Tally) -> None:
+    """Count the constraints each line's best translation holds; warn for a line that misses any (no translation
+    within its length limit could hold them all, and it was translated without them)."""
+    for i, (rule, hs) in enumerate(zip(constraints or [], hyps)):
+        if not rule:
+            continue
+        met = rule.count_met(hs[0].tokens)
+        tally.lines, tally.phrases, tally.met = tally.lines + 1, tally.phrases + len(rule.phrases), tally.met + met
+        if met < len(rule.phrases):
+            log.warning("line %d: %d of %d constraints not met: no translation within the length limit holds them all "
+                        "(decode.max_len_a/max_len_b); translated without them", first_line + i + 1,
+                        len(rule.phrases) - met, len(rule.phrases))  # fmt: skip

@@ -1,0 +1,130 @@
+"""Reading a saved model: a checkpoint (.pt, loaded without running pickled code), a release (safetensors +
+JSON) or a CTranslate2 export, as one checkpoint dict; `build_model` turns it into the Transformer and its
+tokenizers. One loader for resuming, translating, serving and exporting."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mt.data.tokenizer import Vocabs, read_tokenizer_files
+from mt.errors import CheckpointError
+from mt.model.transformer import Transformer
+
+FORMAT_VERSION = 1  # a checkpoint's "format"
+RELEASE_FORMAT = "mt-release-1"  # python -m mt.export release: safetensors + JSON, no pickle
+CT2_FORMAT = "mt-ctranslate2-1"  # python -m mt.export ctranslate2: CTranslate2's model + this toolkit's JSON
+
+
+def _numpy_globals() -> list:
+    """What a checkpoint holds besides tensors and plain containers: numpy's RNG state, an array."""
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy >= 2
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct
+    return [_reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _unpickle(path: Path) -> dict:
+    """torch.load with `weights_only=True`: tensors, containers and the numpy types our checkpoints hold; a pickle
+    that would call anything else is refused before it runs. torch's warnings are shown only if the file loads."""
+    try:
+        with warnings.catch_warnings(record=True) as held:
+            warnings.simplefilter("always")
+            with torch.serialization.safe_globals(_numpy_globals()):
+                state = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)|but got <class '([\w.]+)'", str(e))
+        if not found:  # not a pickle at all, or a damaged one
+            raise CheckpointError(f"{path}: not a readable checkpoint (UnpicklingError); it may be truncated") from None
+        what = next(g for g in found.groups() if g)
+        raise CheckpointError(
+            f"{path}: refused: loading it would call {what}, which no checkpoint of this toolkit holds (a .pt is a "
+            "pickle and can run code); ask its author for a release (python -m mt.export release), which loads "
+            "without pickle"
+        ) from None
+    except Exception as e:
+        raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}); it may be truncated") from None
+    for w in held:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return state
+
+
+def load(path: str | Path) -> dict:
+    """Load a checkpoint onto the CPU: a .pt file, a run dir (its final, else best, else last checkpoint), a release
+    dir (`mt.export release`: safetensors, no pickle) or a CTranslate2 export (`mt.export ctranslate2`)."""
+    path = Path(path)
+    if path.is_dir() and (path / "model.safetensors").is_file():
+        return load_release(path)
+    if path.is_dir() and (path / "mt.json").is_file():
+        return load_ctranslate2_export(path)
+    if path.is_dir():
+        # checkpoint_final.pt: the weights train.py chose for its test report (best or averaged).
+        for name in ("checkpoint_final.pt", "checkpoint_best.pt", "checkpoint_last.pt"):
+            if (path / name).is_file():
+                path = path / name
+                break
+        else:
+            raise CheckpointError(
+                f"{path}: no checkpoint_best.pt or checkpoint_last.pt; train first or pass a .pt file"
+            )
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint; pass a run dir or a .pt file written by train.py")
+    ckpt = _unpickle(path)
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "model" not in ckpt:
+        raise CheckpointError(f"{path}: not a checkpoint of this toolkit (format {FORMAT_VERSION})")
+    ckpt["path"] = str(path)
+    return ckpt
+
+
+def _json(path: Path, fmt: str) -> dict:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: not readable JSON ({e}); export the model again") from None
+    if meta.get("format") != fmt:
+        raise CheckpointError(f"{path}: format {meta.get('format')!r}, expected {fmt!r}; export the model again")
+    return meta
+
+
+def load_release(dir: Path) -> dict:
+    """A release dir as a checkpoint dict whose "model" is the safetensors file (read by `build_model`)."""
+    meta = _json(dir / "config.json", RELEASE_FORMAT)
+    return {"format": RELEASE_FORMAT, "path": str(dir), "model": dir / "model.safetensors",
+            "model_args": meta["model_args"], "config": meta["config"],
+            "tokenizer": read_tokenizer_files(dir)}  # fmt: skip
+
+
+def load_ctranslate2_export(dir: Path) -> dict:
+    """A CTranslate2 export dir as a checkpoint dict; its model is built by mt.decode.ct2, not `build_model`."""
+    meta = _json(dir / "mt.json", CT2_FORMAT)
+    return {"format": CT2_FORMAT, "path": str(dir), "model_args": meta["model_args"], "config": meta["config"],
+            "tokenizer": read_tokenizer_files(dir)}  # fmt: skip
+
+
+def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:
+    """The model (weights loaded) and tokenizers described by a checkpoint or a release."""
+    if ckpt["format"] == CT2_FORMAT:
+        raise CheckpointError(
+            f"{ckpt['path']}: a CTranslate2 export, decoded by CTranslate2 (mt/decode/ct2.py), not torch"
+        )
+    model = Transformer.from_config_dict(ckpt["model_args"])
+    if ckpt["format"] == RELEASE_FORMAT:
+        from safetensors.torch import load_model
+
+        load_model(model, str(ckpt["model"]))
+    else:
+        model.load_state_dict(ckpt["model"])
+    vocabs = Vocabs.from_json(ckpt["tokenizer"])
+    if len(vocabs.src) != model.src_vocab or len(vocabs.tgt) != model.tgt_vocab:
+        raise CheckpointError(
+            f"{ckpt['path']}: tokenizer has {len(vocabs.src)}/{len(vocabs.tgt)} types but the model "
+            f"{model.src_vocab}/{model.tgt_vocab}; the checkpoint is inconsistent, use another one"
+        )
+    return model, vocabs

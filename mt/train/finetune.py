@@ -1,0 +1,223 @@
+"""Starting a run from a trained model (`train.init_from`): fine-tuning on new data, as fairseq's
+--finetune-from-model, Eole's train_from + reset_optim, JoeyNMT's load_model do.
+
+The new run takes the parent's weights (those it translates with: its final, averaged or EMA model), its tokenizer
+(the new data is segmented by the parent's BPE) and its architecture; everything else starts fresh: optimizer
+moments (unless `train.init_optimizer`), schedule and warmup, update and epoch counters, data order, the best
+score and patience, and the weight average (seeded from the starting weights). It applies when a run starts; the
+same command later resumes the fine-tuning run like any run. `train.freeze` keeps named parts as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from mt import errors, runtime
+from mt.config import Config, ConfigError, DataConfig
+from mt.data import read
+from mt.data.tokenizer import UNK, Vocabs
+from mt.model import saved
+from mt.model.transformer import Transformer
+from mt.train.ema import WeightEMA
+from mt.train.records import PARENT_FILE, read_parent, test_scores
+
+log = logging.getLogger(__name__)
+
+SHAPE_KEYS = ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "norm", "tie_embeddings",
+              "positions", "max_positions")  # fmt: skip
+PARTS = ("embeddings", "encoder", "decoder")  # what train.freeze may name
+UNK_WARNING = 0.005  # share of <unk> tokens in the new data above which the log names the characters
+
+
+@dataclass
+class Parent:
+    """The model a run starts from: its checkpoint dict, model (weights loaded) and tokenizers."""
+
+    ckpt: dict
+    model: Transformer
+    vocabs: Vocabs
+
+    @property
+    def digest(self) -> str:
+        """A content digest of the weights (sha256 of the tensors in name order), to name them in records."""
+        h = hashlib.sha256()
+        for name, tensor in sorted(self.model.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor.detach().float().cpu().numpy().tobytes())
+        return h.hexdigest()[:16]
+
+
+def load_parent(cfg: Config, run_dir: Path) -> Parent:
+    """`train.init_from` loaded and checked against the run: not the run itself, not with `train.resume=PATH`."""
+    source = Path(cfg.train.init_from)
+    if cfg.train.resume not in ("auto", "never"):
+        raise ConfigError(f"train.init_from={source} and train.resume={cfg.train.resume}: one run starts from one "
+                          "model; give one of them")  # fmt: skip
+    if not source.exists():
+        raise ConfigError(f"train.init_from={source}: no such file or directory; give a run dir, a .pt or a release")
+    where = source.resolve() if source.is_dir() else source.resolve().parent
+    if where == run_dir.resolve():
+        raise ConfigError(f"train.init_from={source} is this run's own dir; give the parent's run dir and a new "
+                          "run_dir for the fine-tuning run")  # fmt: skip
+    if cfg.train.init_optimizer and source.is_dir() and (source / "checkpoint_last.pt").is_file():
+        # The moments belong to the run's last weights, not to its averaged or best ones: start from the pair.
+        source = source / "checkpoint_last.pt"
+        log.info("train.init_optimizer: starting from %s, the weights its optimizer state belongs to", source)
+    try:
+        ckpt = saved.load(source)
+        if cfg.train.init_optimizer and "raw_model" in ckpt:
+            # Under a weight average (train.ema_decay) "model" is the average; the moments belong to the trained
+            # weights, kept as "raw_model".
+            ckpt = {**ckpt, "model": ckpt["raw_model"]}
+            log.info("train.init_optimizer: the parent's trained weights, not its weight average")
+        model, vocabs = saved.build_model(ckpt)
+    except errors.CheckpointError as e:
+        raise ConfigError(f"train.init_from: {e}") from None
+    return Parent(ckpt, model, vocabs)
+
+
+def adopt(cfg: Config, parent: Parent, overrides: list[str]) -> Config:
+    """`cfg` with the parent's architecture and tokenizer. A command-line override that changes a shape, or a
+    tokenizer.path that is not the parent's, is a one-line error; other tokenizer settings are ignored with a
+    warning; dropout keys keep the command line's values, else the parent's."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    theirs = parent.model.cfg
+    model = dataclasses.replace(cfg.model)
+    for key in SHAPE_KEYS:
+        mine, parents = getattr(cfg.model, key), getattr(theirs, key)
+        if mine != parents and (f"model.{key}" in given or "model" in given):
+            raise ConfigError(f"model.{key}={mine}: the parent (train.init_from) has model.{key}={parents}; a "
+                              "fine-tuning run keeps the parent's shapes (drop the override)")  # fmt: skip
+        setattr(model, key, parents)
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if f"model.{key}" not in given:
+            setattr(model, key, getattr(theirs, key))
+    model.name = theirs.name
+    pretokenize = (parent.vocabs.pretokenize or {}).get("kind", "none")  # the parent's text preparation, too
+    tokenizer = dataclasses.replace(cfg.tokenizer, joint=parent.vocabs.joint, path=None, pretokenize=pretokenize)
+    if cfg.tokenizer.path:
+        from mt.data.tokenizer import Vocab
+
+        mine = Vocab.from_file(cfg.tokenizer.path)
+        if mine.digest() not in (parent.vocabs.src.digest(), parent.vocabs.tgt.digest()):
+            raise ConfigError(
+                f"tokenizer.path={cfg.tokenizer.path}: not the tokenizer of the parent "
+                "(train.init_from), whose vocabulary the model's embeddings index; drop tokenizer.path"
+            )
+    ignored = sorted(k for k in given if k.startswith("tokenizer.") and k != "tokenizer.path")
+    if ignored:
+        log.warning("%s: ignored; a fine-tuning run segments its data with the parent's tokenizer", ", ".join(ignored))
+    return dataclasses.replace(cfg, model=model, tokenizer=tokenizer)
+
+
+def freeze(model: Transformer, parts: list[str]) -> None:
+    """No gradients (hence no optimizer state or updates) for the named parts: `embeddings` (token and position
+    embeddings, and the output projection tied to them), `encoder`, `decoder` (their layers and final norms)."""
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise ConfigError(f"train.freeze: {unknown[0]!r} is not a part of the model; give any of {', '.join(PARTS)}")
+    prefixes = {"embeddings": ("src_embed.", "tgt_embed.", "output."), "encoder": ("encoder.", "encoder_norm."),
+                "decoder": ("decoder.", "decoder_norm.")}  # fmt: skip
+    frozen = tuple(prefix for part in parts for prefix in prefixes[part])
+    for name, p in model.named_parameters():  # a tied matrix is listed once, under its first name
+        if name.startswith(frozen):
+            p.requires_grad_(False)
+    if parts and not any(p.requires_grad for p in model.parameters()):
+        raise ConfigError(f"train.freeze={list(parts)} leaves nothing to train; freeze fewer parts")
+    if parts:
+        n = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+        log.info("frozen: %s (%d parameters)", ", ".join(parts), n)
+
+
+def start(trainer, parent: Parent) -> None:
+    """Put the parent's weights (and with `train.init_optimizer` its optimizer moments) into a new run, seed the
+    weight average from them, record the parent, and say what its tokenizer makes of the new data."""
+    trainer.model.load_state_dict(parent.model.state_dict())
+    if trainer.tc.ema_decay:
+        trainer.ema = WeightEMA(trainer.model, trainer.tc.ema_decay)
+    if trainer.tc.init_optimizer:
+        if "optimizer" not in parent.ckpt:
+            raise ConfigError(f"train.init_optimizer: {parent.ckpt['path']} holds no optimizer state (weights "
+                              "only); give a run's checkpoint_last.pt, or train.init_optimizer=false")  # fmt: skip
+        # Only the per-parameter moments come over: this run's lr (its schedule's first step), betas, eps and
+        # weight decay stay, which load_state_dict would replace with the parent's.
+        settings = [{k: v for k, v in group.items() if k != "params"} for group in trainer.optimizer.param_groups]
+        trainer.optimizer.load_state_dict(parent.ckpt["optimizer"])
+        for group, own in zip(trainer.optimizer.param_groups, settings):
+            group.update(own)
+        for p in trainer.model.parameters():
+            if not p.requires_grad:  # frozen: no state, whatever the parent had
+                trainer.optimizer.state.pop(p, None)
+        runtime.use_optimizer_kernel(trainer.optimizer, trainer.device)  # the parent's device may differ
+    record = {"path": str(parent.ckpt["path"]), "weights_digest": parent.digest,
+              "test_scores": test_scores(parent.ckpt), "data": (parent.ckpt.get("config") or {}).get("data", {}),
+              "optimizer": bool(trainer.tc.init_optimizer)}  # fmt: skip
+    if trainer.rank == 0:
+        (trainer.run_dir / PARENT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        trainer.metrics.write({"kind": "parent", **{k: record[k] for k in ("path", "weights_digest", "optimizer")}})
+    log.info("starting from %s (weights %s)%s", record["path"], record["weights_digest"],
+             ", with its optimizer state" if trainer.tc.init_optimizer else "")  # fmt: skip
+    if trainer.rank == 0:
+        report_tokenization(parent, trainer.corpus.train_text)
+
+
+def tokenization(vocabs: Vocabs, pairs, n: int = 2000) -> dict:
+    """Share of <unk> tokens, subwords per word, and the characters that became <unk>, over the first `n` pairs."""
+    sample = [p for _, p in zip(range(n), pairs)]
+    texts = {"source": [s for s, _ in sample], "target": [t for _, t in sample]}
+    out, unknown = {}, Counter()
+    for side, lines in texts.items():
+        vocab = vocabs.src if side == "source" else vocabs.tgt
+        ids = vocab.encode_batch(lines)
+        tokens, words = sum(map(len, ids)), sum(len(line.split()) for line in lines)
+        unk = sum(i.count(UNK) for i in ids)
+        out[side] = {"unk_share": unk / max(tokens, 1), "subwords_per_word": tokens / max(words, 1)}
+        if unk:  # what became <unk>, read from the offsets (a lone character is encoded as "▁" + it)
+            for line in vocab.pretokenized(lines):  # (offsets into the text as the BPE saw it)
+                enc = vocab.tokenizer.encode(line, add_special_tokens=False)
+                unknown.update(line[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == UNK)
+    out["unknown_characters"] = "".join(c for c, _ in unknown.most_common(20))
+    return out
+
+
+def report_tokenization(parent: Parent, new_pairs) -> None:
+    """Log what the parent's tokenizer does to the new data beside what it does to its own training data."""
+    new = tokenization(parent.vocabs, new_pairs)
+    own = None
+    parent_data = (parent.ckpt.get("config") or {}).get("data")
+    if parent_data:
+        try:
+            fields = {k: v for k, v in parent_data.items() if k in DataConfig.__dataclass_fields__}
+            dc = DataConfig(**{**fields, "corpora": [], "directions": []})
+            if read.uses_hub(dc):  # 2,000 pairs are not worth loading (maybe downloading) a hub dataset's split
+                raise read.DataError(f"a hub dataset, {dc.hub_name}, not read for a comparison")
+            own = tokenization(parent.vocabs, read.TextPairs.of_split(dc, dc.train_split))
+        except (read.DataError, TypeError, OSError) as e:
+            log.info("the parent's training data is not readable here (%s); no comparison", str(e)[:120])
+    for side in ("source", "target"):
+        s = new[side]
+        line = f"{side}: {100 * s['unk_share']:.2f}% <unk>, {s['subwords_per_word']:.2f} subwords/word"
+        if own is not None:
+            o = own[side]
+            line += f" (parent's data: {100 * o['unk_share']:.2f}%, {o['subwords_per_word']:.2f})"
+        log.info("the parent's tokenizer on the new data, %s", line)
+    if max(new["source"]["unk_share"], new["target"]["unk_share"]) > UNK_WARNING:
+        log.warning("the parent's tokenizer makes over %.1f%% of the new data's tokens <unk>; characters it does not "
+                    "know: %s", 100 * UNK_WARNING, new["unknown_characters"])  # fmt: skip
+
+
+def parent_test_splits(run_dir: Path) -> list[tuple[DataConfig, str]]:
+    """The parent's own test splits (its data config), to report beside the new data's (forgetting)."""
+    record = read_parent(run_dir)
+    dc = (record or {}).get("data") or {}
+    if not dc or dc.get("directions"):
+        return []
+    fields = {k: v for k, v in dc.items() if k in DataConfig.__dataclass_fields__}
+    config = DataConfig(**{**fields, "corpora": [], "directions": []})
+    return [(config, split) for split in config.test_splits]

@@ -1,0 +1,113 @@
+"""The end of a run (rank 0): choose the final weights on the whole val split, save them, plot the curves, and
+translate and score the test splits."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict
+
+from mt.data import read
+from mt.decode.batched import encode_within_positions, translate_ids
+from mt.evaluate.plots import plot_curves
+from mt.evaluate.scoring import write_report
+from mt.model import saved
+from mt.train import checkpoint, finetune
+
+log = logging.getLogger(__name__)
+
+
+def finish(trainer) -> dict:
+    """Average the last epoch checkpoints (`train.average_last`), keep whichever of the average and the best
+    checkpoint scores higher on the whole val split as checkpoint_final.pt, then score the test splits with it.
+
+    The best epoch was picked on `valid_bleu_subset` sentences; the final choice scores both candidates on all of
+    val, so a lucky subset score does not decide it."""
+    run_dir, tc = trainer.run_dir, trainer.tc
+    candidates = final_candidates(run_dir, tc.average_last)
+    tag = "final weights (no validation ran)"
+    if len(candidates) == 1:
+        tag = next(iter(candidates))
+    elif candidates:
+        best_metric = -math.inf
+        for name, weights in candidates.items():
+            trainer.kept_model.load_state_dict(weights)
+            result = trainer.validate(bleu_subset=0)
+            metric = result.get("valid_bleu", -result["valid_loss"])
+            trainer.metrics.write({"kind": "final_choice", "candidate": name, "update": trainer.update, **result})
+            log.info("%s on the whole val split: %s", name, ", ".join(f"{k}={v:.3f}" for k, v in result.items()))
+            if metric > best_metric:
+                best_metric, tag = metric, name
+    if candidates:
+        trainer.kept_model.load_state_dict(candidates[tag])
+    final = trainer.state(full=False)
+    final["chosen"] = tag
+    checkpoint.save_atomic(final, run_dir / "checkpoint_final.pt")  # what `translate.py checkpoint=RUN_DIR` loads
+    if trainer.metrics.path.is_file():
+        plot_curves(trainer.metrics.path, run_dir / "training_curves.png")
+    reports = evaluate_splits(trainer, trainer.cfg.data.test_splits, tag)
+    if trainer.tc.init_from and trainer.tc.test_parent:  # the parent's domain: what fine-tuning kept of it
+        reports += evaluate_splits(trainer, [], tag, extra=finetune.parent_test_splits(trainer.run_dir))
+    return {"checkpoint": tag, "reports": reports}
+
+
+def final_candidates(run_dir, average_last: int) -> dict[str, dict]:
+    """{tag: model weights}: the best checkpoint and, with average_last >= 2, the average of the last epochs'."""
+    candidates = {}
+    if (run_dir / "checkpoint_best.pt").is_file():
+        candidates["checkpoint_best.pt"] = saved.load(run_dir / "checkpoint_best.pt")["model"]
+    paths = checkpoint.epoch_checkpoints(run_dir)[-average_last:] if average_last >= 2 else []
+    if len(paths) >= 2:
+        averaged = checkpoint.average(paths)
+        checkpoint.save_atomic(averaged, run_dir / "checkpoint_averaged.pt")
+        candidates[f"checkpoint_averaged.pt (last {len(paths)})"] = averaged["model"]
+    return candidates
+
+
+def evaluate_splits(trainer, splits: list[str], tag: str, extra: list | None = None) -> list[dict]:
+    """Translate each test split with the decode config and write `{split}.hyp` and its report in the run dir
+    (multilingual: `{split}.{direction}.hyp` for each direction, the target-language token first in the source;
+    `extra`: (data config, split) of other corpora, a fine-tuning run's parent's, named `parent.{split}`).
+    In fp32 whatever the training's autocast, as translate.py decodes by default: the report's BLEU is what
+    `translate.py checkpoint=RUN_DIR` reproduces."""
+    cfg, vocabs, reports = trainer.cfg, trainer.corpus.vocabs, []
+    directions = [(d.config, d.tag, f".{d.name}") for d in trainer.corpus.directions or []]
+    items = [(dc, s, first, s + suffix) for s in splits for dc, first, suffix in directions or [(cfg.data, None, "")]]
+    parents = [(dc, s, None, f"parent.{s}") for dc, s in extra or []]
+    for dc, split, first, name in items + parents:
+        try:
+            ds = read.drop_empty(read.load_split(dc, split), f"{dc.name}/{split}")
+        except read.DataError as e:
+            if not name.startswith("parent."):
+                raise
+            log.warning("the parent's test split %s is not scored: %s", split, e)  # its corpus is elsewhere
+            continue
+        start = time.perf_counter()
+        model = trainer.kept_model
+        limit = model.cfg.max_positions - 1 - (first is not None)
+        src_ids = encode_within_positions(vocabs, list(ds["src"]), limit)
+        if first is not None:  # the target-language token
+            src_ids = [[first, *s] for s in src_ids]
+        split = name  # the report's name
+        hyps = translate_ids(model, src_ids, cfg.decode, trainer.device, None)
+        seconds = time.perf_counter() - start
+        texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
+        (trainer.run_dir / f"{split}.hyp").write_text("".join(t + "\n" for t in texts))
+        n_tokens = sum(len(h[0].tokens) for h in hyps)
+        speed = {"sentences_per_s": len(texts) / seconds, "tokens_per_s": n_tokens / seconds}
+        about = {**speed, "decode": asdict(cfg.decode), "precision": "fp32", "checkpoint": tag}
+        report = write_report(
+            trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), about, vocabs.tgt.lowercases
+        )
+        log.info(
+            "%s (%s): BLEU %.2f, lowercased BLEU %.2f, chrF %.2f, %.1f sentences/s",
+            split,
+            tag,
+            report["bleu"],
+            report["bleu_lowercase"],
+            report["chrf"],
+            speed["sentences_per_s"],
+        )
+        reports.append(report)
+    return reports
