@@ -47,6 +47,11 @@ while [ $# -gt 0 ]; do
         *) echo "unknown option $1" >&2; exit 2 ;;
     esac
 done
+# The data the GPU machine reads comes with the working tree (.gpudata, from prepare): without it the recipe and the
+# decoding steps would fail after the tests had spent GPU minutes.
+for f in .gpudata/multi30k/{train,val,test_2016_flickr}.{en,de}.gz; do
+    [ -f "$f" ] || { echo "error: $f not found: run bash benchmarks/gpu_kit.sh prepare first" >&2; exit 2; }
+done
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1 && ! python -c "import hydra, datasets, transformers" 2>/dev/null; then
