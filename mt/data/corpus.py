@@ -199,7 +199,8 @@ class TaggedRows:
 
 def _meta_key(cfg: TokenizerConfig, train_fingerprint: str, tags: tuple[str, ...] = (), balanced: bool = False) -> str:
     what = [asdict(cfg), train_fingerprint, *([list(tags)] if tags else []), *(["balanced"] if balanced else [])]
-    # (without tags or balance: the keys of before)
+    what += ["punctuation keeps its space"] if cfg.pretokenize == "moses" else []  # `new_tokenizer`'s since issue 62
+    # (without tags, balance or Moses: the keys of before)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
 

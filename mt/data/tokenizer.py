@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from mt.config import TokenizerConfig
 from mt.data.pretokenize import Moses, moses
@@ -160,16 +160,25 @@ class Vocabs:
         return Vocabs.of(self.src.tokenizer, self.tgt.tokenizer, spec)
 
 
-def new_tokenizer(normalization: str) -> Tokenizer:
-    """An untrained BPE tokenizer; `normalization` as `tokenizer.normalization` ("NFC", "NFC+Lowercase")."""
+# What `pre_tokenizers.Punctuation` splits off: Unicode punctuation and ASCII's symbols
+PUNCTUATION = r"\p{P}|[$+<=>^`|~]"
+
+
+def new_tokenizer(normalization: str, pretokenized: bool = False) -> Tokenizer:
+    """An untrained BPE tokenizer; `normalization` as `tokenizer.normalization` ("NFC", "NFC+Lowercase").
+    `pretokenized`: for text Moses-tokenized before it (`tokenizer.pretokenize=moses`)."""
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     steps = [getattr(normalizers, name)() for name in normalization.split("+")]
     tok.normalizer = steps[0] if len(steps) == 1 else normalizers.Sequence(steps)
     # Spaces become "▁" (kept on the following word); punctuation is split off so that "dog." and "dog" share
     # a subword, which matters on small corpora. Both steps are undone exactly by the Metaspace decoder.
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Metaspace(), pre_tokenizers.Punctuation(behavior="isolated")]
-    )
+    split = pre_tokenizers.Punctuation(behavior="isolated")
+    if pretokenized:
+        # Moses puts a space before every punctuation mark ("bushes ."): the mark keeps its "▁" ("▁."), as a word
+        # of subword-nmt would. Split off alone, each mark would cost a bare "▁" token too (9% of Multi30k's German
+        # tokens, issue 62).
+        split = pre_tokenizers.Split(Regex(f"▁?(?:{PUNCTUATION})"), behavior="isolated")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), split])
     tok.decoder = decoders.Metaspace()
     return tok
 
@@ -219,7 +228,7 @@ def train_vocab(
 
 def train_vocab_on(cfg: TokenizerConfig, texts: Iterable[list[str]], n: int, tags: tuple[str, ...] = ()) -> Vocab:
     """BPE on `texts`, chunks of sentences (`n` sentences in all); see `train_vocab`."""
-    tok = new_tokenizer(cfg.normalization)
+    tok = new_tokenizer(cfg.normalization, pretokenized=cfg.pretokenize == "moses")
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
         min_frequency=cfg.min_frequency,
