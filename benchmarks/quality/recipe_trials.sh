@@ -3,11 +3,11 @@
 # the machine alone, chosen on the whole val set (1,014 sentences; never test), then the finalist against the
 # recipe with several seeds. Issue 62's walk: `replica` (fairseq's recipe mirrored,
 # conf/experiment/multi30k_en_de_fairseq.yaml) and the r_* trials, each one change from it toward this project's
-# recipe (or, r_init, toward fairseq's initialization).
+# recipe (r_xavier: this project's initialization; the replica has fairseq's since session 41).
 #
 #   bash benchmarks/quality/recipe_trials.sh base big              # train what is missing, then the val table
 #   SEEDS="1 2 3" bash benchmarks/quality/recipe_trials.sh base big_d3   # the 3-seed confirmation
-#   bash benchmarks/quality/recipe_trials.sh replica r_init r_cased r_prenorm   # issue 62's walk, against the replica
+#   bash benchmarks/quality/recipe_trials.sh replica r_cased r_prenorm   # issue 62's walk, against the replica
 #   MINUTES=3 OUT=/tmp/trials bash benchmarks/quality/recipe_trials.sh base   # a smoke run
 #
 # A trial is a name and its overrides (below). Every run is scored on the whole val set by translate.py (the
@@ -38,7 +38,7 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
         lower) echo "tokenizer.normalization=NFC+Lowercase" ;;        # trained lowercased, as fairseq's recipe
         # issue 62: fairseq's recipe mirrored, then one change at a time toward this project's
         replica) echo "" ;;
-        r_init) echo "model.init=fairseq" ;;                          # fairseq's initialization (implementation)
+        r_xavier) echo "model.init=xavier" ;;                         # this project's initialization
         r_cased) echo "tokenizer.normalization=NFC" ;;                # cased text, what users read
         r_prenorm) echo "model.norm=pre" ;;
         r_ffn512) echo "model.d_ff=512" ;;
@@ -55,7 +55,7 @@ experiment() {  # the recipe a trial changes: issue 62's replica for replica and
     case $1 in replica | r_*) echo multi30k_en_de_fairseq ;; *) echo multi30k_en_de ;; esac
 }
 
-[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower; replica r_init" \
+[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower; replica r_xavier" \
     "r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt)" >&2; exit 2; }
 for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
 mkdir -p "$OUT"
