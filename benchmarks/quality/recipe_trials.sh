@@ -36,6 +36,7 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
         rdrop) echo "train.rdrop_alpha=3" ;;                          # R-Drop (2x compute per update)
         wdrop) echo "train.tgt_word_dropout=0.1" ;;                   # target-side word dropout
         lower) echo "tokenizer.normalization=NFC+Lowercase" ;;        # trained lowercased, as fairseq's recipe
+        finit) echo "model.init=fairseq" ;;  # fairseq's initialization, issue 62's implementation finding
         # issue 62: fairseq's recipe mirrored, then one change at a time toward this project's
         replica) echo "" ;;
         r_xavier) echo "model.init=xavier" ;;                         # this project's initialization
@@ -55,7 +56,7 @@ experiment() {  # the recipe a trial changes: issue 62's replica for replica and
     case $1 in replica | r_*) echo multi30k_en_de_fairseq ;; *) echo multi30k_en_de ;; esac
 }
 
-[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower; replica r_xavier" \
+[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit; replica r_xavier" \
     "r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt)" >&2; exit 2; }
 for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
 mkdir -p "$OUT"
