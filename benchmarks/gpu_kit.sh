@@ -6,9 +6,11 @@
 #   bash benchmarks/gpu_kit.sh run OUT --device cpu --minutes 1 --smoke   # a dry run of the same steps on a CPU
 #
 # `prepare` downloads the wheels the GPU image lacks into .whl/ and copies Multi30k into .gpudata/ (both
-# git-ignored, both to be named in the device tool's `carry`). `run` installs the wheels into /tmp/site, then runs
-# `pytest -m gpu`, the GPU recipe for --minutes of training, decoding speed on test_2016_flickr, and the training
-# throughput benchmark, writing every log and report to OUT_DIR (default $OUT, else ./gpu_out).
+# git-ignored, both to be named in the device tool's `carry`). `run` installs the wheels into /tmp/site, then runs,
+# most important first: `pytest -m gpu`, the GPU recipe for --minutes of training, its checkpoint's beam-5 BLEU on
+# test_2016_flickr decoded on the GPU (fp32/TF32 and bf16) and on the CPU, decoding speed, the training throughput
+# benchmark (small and base shapes) and torchrun on one GPU, writing eight files at most (the device tool brings
+# back eight) to OUT_DIR (default $OUT, else ./gpu_out); summary.txt has the lines that matter.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -17,12 +19,11 @@ shift || true
 if [ "$mode" = prepare ]; then
     set -e
     rm -rf .whl && mkdir -p .whl .gpudata/multi30k
-    # What the GPU image (Python 3.12) lacks: hydra and its parser runtime, datasets and two of its needs, and
-    # transformers with what it needs beyond the image for the HF Marian peer of benchmarks/peers/train_peers.py.
+    # What the GPU image (Python 3.12) lacks: hydra and its parser runtime, datasets and two of its needs. The image
+    # has transformers (the HF Marian peer of benchmarks/peers/train_peers.py), tokenizers, sacrebleu, pytest.
     python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .whl hydra-core==1.3.2 omegaconf==2.3.0 datasets dill multiprocess \
-        transformers huggingface-hub hf-xet regex safetensors tokenizers
+        -d .whl hydra-core==1.3.2 omegaconf==2.3.0 datasets dill multiprocess
     # omegaconf's parser runtime is published as a source archive only: build its (pure Python) wheel here.
     python -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
     cp ../shared/data/multi30k/{train,val,test_2016_flickr}.{en,de}.gz .gpudata/multi30k/
@@ -30,14 +31,14 @@ if [ "$mode" = prepare ]; then
     exit 0
 fi
 if [ "$mode" != run ]; then
-    echo "usage: bash benchmarks/gpu_kit.sh prepare | run [OUT_DIR] [--device cpu] [--minutes N]" >&2
+    echo "usage: bash benchmarks/gpu_kit.sh prepare | run [OUT_DIR] [--device cpu] [--minutes N] [--smoke]" >&2
     exit 2
 fi
 
 out=${OUT:-gpu_out}
 if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then out=$1; shift; fi
 device=cuda
-minutes=8
+minutes=2.5
 smoke=0  # --smoke: tiny model, 100 test lines, small benchmark batches: checks the plumbing, measures nothing
 while [ $# -gt 0 ]; do
     case $1 in
@@ -53,27 +54,36 @@ for f in .gpudata/multi30k/{train,val,test_2016_flickr}.{en,de}.gz; do
     [ -f "$f" ] || { echo "error: $f not found: run bash benchmarks/gpu_kit.sh prepare first" >&2; exit 2; }
 done
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
+summary=$out/summary.txt
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1 && ! python -c "import hydra, datasets, transformers" 2>/dev/null; then
+# The GPU image names its interpreter python3 only.
+if ! command -v python >/dev/null; then
+    mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
+fi
+if ls .whl/*.whl >/dev/null 2>&1 && ! python -c "import hydra, datasets" 2>/dev/null; then
     python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
+step() { echo "== $* ($(date -u +%T))" | tee -a "$summary"; }
 
 {
     date -u
     python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
         torch.cuda.get_device_name() if torch.cuda.is_available() else 'no GPU')"
-    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv 2>/dev/null || true
-} | tee "$out/machine.txt"
+    nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv 2>/dev/null || true
+    lscpu | grep -E "^Model name|^CPU\(s\)" || true
+} | tee "$summary"
 
-echo "== pytest -m gpu" | tee -a "$out/summary.txt"
-python -m pytest -q -m gpu -p no:cacheprovider 2>&1 | tee "$out/pytest_gpu.log" | tail -3 | tee -a "$out/summary.txt"
+step "pytest -m gpu tests/test_gpu.py"
+timeout 150 python -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_gpu.py > "$out/pytest_gpu.log" 2>&1
+tail -4 "$out/pytest_gpu.log" | tee -a "$summary"
 
-echo "== recipe: multi30k_en_de_gpu, $minutes min on $device" | tee -a "$out/summary.txt"
+step "recipe: multi30k_en_de_gpu, $minutes min on $device"
 run_dir=/tmp/gpu_recipe
 test_input=.gpudata/multi30k/test_2016_flickr.en.gz
-shapes="base big"
-peer_args="--dtypes bf16 --tokens 25000 --steps 10 --profile"
+shapes="small base"
+peer_args="--dtypes bf16 --tokens 25000 --steps 10"
 extra=()
 if [ $smoke = 1 ]; then
     extra=(model=transformer_tiny train.valid_every=50 train.precision=fp32)
@@ -85,22 +95,66 @@ if [ $smoke = 1 ]; then
 fi
 rm -rf $run_dir
 python train.py +experiment=multi30k_en_de_gpu train.device="$device" train.max_time="$minutes" \
-    train.progress=false run_dir=$run_dir "${extra[@]}" 2>&1 | tee "$out/recipe.log" | grep -E "test_2016|stopped" \
-    | tee -a "$out/summary.txt"
-cp $run_dir/metrics.jsonl $run_dir/test_2016_flickr.report.md "$out/" 2>/dev/null
+    train.progress=false run_dir=$run_dir "${extra[@]}" > "$out/recipe.log" 2>&1
+grep -E "test_2016|stopped|updates/s|tok/s" "$out/recipe.log" | tail -4 | tee -a "$summary"
+cp $run_dir/metrics.jsonl "$out/" 2>/dev/null
 
-echo "== decoding test_2016_flickr on $device" | tee -a "$out/summary.txt"
+# The same checkpoint decoded on the GPU (fp32, whose matmuls run in TF32, and bf16 autocast) and on the CPU (fp32):
+# BLEU of each against the reference, and how many lines the GPU decodings share with the CPU's.
+step "beam-5 BLEU of the recipe's checkpoint, GPU and CPU"
+decode_log=$out/decode.log
+: > "$decode_log"
+translate() {  # NAME then translate.py overrides; the hypotheses go to /tmp/hyp.NAME
+    local name=$1; shift
+    python translate.py checkpoint=$run_dir input=$test_input output=/tmp/hyp.$name "$@" > /tmp/decode.$name 2>&1
+    { echo "-- $name: $*"; cat /tmp/decode.$name; } >> "$decode_log"
+    grep -E "sentences/s|lowercased|rror" /tmp/decode.$name | sed "s/^.*INFO /$name: /" | tee -a "$summary"
+}
+refs=references=.gpudata/multi30k/test_2016_flickr.de.gz
+[ $smoke = 1 ] && refs=references=/tmp/test100.de && python -c "import gzip, sys; \
+    sys.stdout.writelines(gzip.open(sys.argv[1], 'rt').readlines()[:100])" \
+    .gpudata/multi30k/test_2016_flickr.de.gz > /tmp/test100.de
+translate gpu_fp32 device="$device" precision=fp32 decode.beam_size=5 decode.max_tokens=16000 "$refs"
+translate gpu_bf16 device="$device" precision=bf16 decode.beam_size=5 decode.max_tokens=16000 "$refs"
+translate cpu_fp32 device=cpu precision=fp32 decode.beam_size=5 decode.max_tokens=16000 "$refs"
+python - /tmp/hyp.gpu_fp32 /tmp/hyp.gpu_bf16 /tmp/hyp.cpu_fp32 <<'PY' | tee -a "$summary"
+import sys
+gpu32, bf16, cpu = (open(f).read().splitlines() for f in sys.argv[1:])
+for name, hyps in (("gpu fp32 (TF32)", gpu32), ("gpu bf16", bf16)):
+    same = sum(a == b for a, b in zip(hyps, cpu))
+    print(f"{name} vs cpu fp32: {same}/{len(cpu)} lines identical")
+PY
+
+step "decoding speed on $device"
 for decode in "decode.beam_size=5" "decode=greedy"; do
     for tokens in 1500 16000; do  # ~64 sentences a batch, and a large token batch
-        python translate.py checkpoint=$run_dir device="$device" input=$test_input \
-            output=/tmp/hyp.de $decode decode.max_tokens=$tokens 2>&1 | grep "sentences/s" \
-            | sed "s/^/$decode max_tokens=$tokens: /" | tee -a "$out/summary.txt"
+        translate "speed_${decode##*=}_$tokens" device="$device" $decode decode.max_tokens=$tokens
     done
 done
 
-echo "== training throughput vs peers" | tee -a "$out/summary.txt"
+step "training throughput vs peers ($shapes)"
 for shape in $shapes; do
-    python benchmarks/peers/train_peers.py --device "$device" --shape $shape $peer_args \
-        2>&1 | tee "$out/train_peers_$shape.log" | tail -8 | tee -a "$out/summary.txt"
+    profile=; [ $shape = base ] && profile=--profile  # where the base step's GPU time goes
+    python benchmarks/peers/train_peers.py --device "$device" --shape $shape $peer_args $profile \
+        >> "$out/train_peers.log" 2>&1
+    grep -A8 "^shape $shape" "$out/train_peers.log" | grep -E "^shape|^matmul|^this project|^HF|^torch" \
+        | tee -a "$summary"
 done
-date -u | tee -a "$out/summary.txt"
+
+step "torchrun --nproc_per_node=1 (the launcher on one GPU) and a one-rank NCCL all_reduce"
+nccl_backend=nccl
+[ "$device" = cpu ] && nccl_backend=gloo
+{
+    python -m torch.distributed.run --standalone --nproc_per_node=1 train.py +experiment=multi30k_en_de_gpu \
+        model=transformer_tiny train.device="$device" train.max_updates=30 train.max_time=0 train.valid_every=0 \
+        train.progress=false run_dir=/tmp/gpu_torchrun 2>&1 | grep -E "device|process group|stopped|error"
+    cat > /tmp/one_rank.py <<PY
+import torch, torch.distributed as d
+d.init_process_group("$nccl_backend"); t = torch.ones(4, device="$device"); d.all_reduce(t)
+print("all_reduce over", d.get_backend(), "on", t.device, "gives", t.tolist()); d.destroy_process_group()
+PY
+    python -m torch.distributed.run --standalone --nproc_per_node=1 /tmp/one_rank.py 2>&1 | grep -v "^W"
+} > "$out/torchrun.log" 2>&1
+tail -6 "$out/torchrun.log" | tee -a "$summary"
+cp $run_dir/*.report.md "$out/" 2>/dev/null
+date -u | tee -a "$summary"

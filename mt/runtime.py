@@ -112,9 +112,15 @@ def use_optimizer_kernel(optimizer: torch.optim.Optimizer, device: torch.device)
     """Set `optimizer_kernel(device)` on a built optimizer. `load_state_dict` restores the saving run's flags, so a
     run started on the CPU would step with foreach Adam on CUDA: slower, and under fp16 the GradScaler, which passes
     its scale to a fused optimizer, would fail."""
+    kernel = optimizer_kernel(device)
     for group in optimizer.param_groups:
-        group.update(optimizer_kernel(device))
-    optimizer._step_supports_amp_scaling = bool(optimizer_kernel(device)["fused"])  # as Adam's constructor sets it
+        group.update(kernel)
+        for p in group["params"]:  # the step counts where the kernel reads them (load_state_dict placed them for
+            state = optimizer.state.get(p, {})  # the saving run's kernel): fused Adam on the parameter's device,
+            if torch.is_tensor(state.get("step")):  # the others on the CPU (seen on an H200: a CPU checkpoint
+                to = p.device if kernel["fused"] else torch.device("cpu")  # resumed on CUDA failed its first step)
+                state["step"] = state["step"].to(device=to, dtype=torch.float32)
+    optimizer._step_supports_amp_scaling = bool(kernel["fused"])  # as Adam's constructor sets it
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:

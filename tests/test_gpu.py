@@ -210,11 +210,14 @@ def test_torchrun_two_processes_with_nccl(tmp_path):
     assert "process group: nccl, 2 ranks" in p.stderr
 
 
-def test_an_update_and_a_search_step_wait_for_the_gpu_at_most_once(tmp_path, trained_model):
+def test_an_update_and_a_search_step_wait_for_the_gpu_at_most_once(tmp_path, trained_model, monkeypatch):
     """CUDA's own sync detection (torch.cuda.set_sync_debug_mode), which sees what the CPU harness's counter
-    cannot (boolean indexing, blocking copies): one synchronisation per update and per beam step."""
+    cannot (boolean indexing, blocking copies): one synchronisation per update, and per beam step with at most three
+    more per search, the bound tests/test_cuda_on_cpu.py holds the host reads to (on the H200, 2026-11-27: 3 in 3
+    updates, 10 in a beam search of at least 7 steps)."""
     import warnings
 
+    from tests.test_cuda_on_cpu import count_steps
     from tests.test_training import make_trainer
 
     corpus = write_toy_corpus(tmp_path / "corpus")
@@ -229,12 +232,19 @@ def test_an_update_and_a_search_step_wait_for_the_gpu_at_most_once(tmp_path, tra
             torch.cuda.set_sync_debug_mode("warn")
             for _ in range(3):
                 trainer.train_step([next(batches)])
-            in_training = len(caught)
+            in_training = syncs(caught)
+            steps = count_steps(monkeypatch)
             hyps = beam_search(model, src.cuda(), mask.cuda(), DecodeConfig(beam_size=4, length_penalty=1.0))
-            in_search = len(caught) - in_training
+            in_search = syncs(caught) - in_training
     finally:
         torch.cuda.set_sync_debug_mode("default")
         trained_model.cpu()
-    steps = max(len(h[0].tokens) for h in hyps) + 1
+    assert any(h[0].tokens for h in hyps) and steps[0] >= 5
     assert in_training <= 3, [str(w.message) for w in caught[:5]]
-    assert in_search <= steps + 1, [str(w.message) for w in caught[in_training : in_training + 5]]
+    assert in_search <= steps[0] + 3, f"{in_search} synchronisations in {steps[0]} steps"
+
+
+def syncs(caught: list) -> int:
+    """The synchronisations among the recorded warnings (the first also carries the debug mode's own notice that it
+    is a prototype, which on the H200 made three updates' three syncs count four)."""
+    return sum("called a synchronizing" in str(w.message) for w in caught)

@@ -99,3 +99,16 @@ def test_torchrun_backend_follows_the_training_device(monkeypatch, device, cuda_
     monkeypatch.setattr(distributed.dist, "get_rank", lambda: 0)
     gpu = ["GPU 0"] if backend == "nccl" else []  # LOCAL_RANK 3 of one visible GPU: not "invalid device ordinal"
     assert distributed.init_distributed(device) == 0 and chosen == [*gpu, backend, "waiting: gloo"]
+
+
+def test_adam_step_counts_move_to_where_the_new_kernel_reads_them(cuda_branches):
+    """A CPU run's checkpoint resumed on CUDA: load_state_dict leaves foreach Adam's step counts on the CPU, and
+    fused Adam's CUDA kernel refuses them there (the first GPU run's failure). The parameters live on the meta
+    device here, a device other than the CPU that a CPU machine has."""
+    params = [torch.nn.Parameter(torch.zeros(3, device="meta")) for _ in range(2)]
+    opt = torch.optim.Adam(params, foreach=True)
+    for p in params:  # what load_state_dict leaves for a checkpoint of foreach Adam
+        opt.state[p] = {"step": torch.tensor(7.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+    runtime.use_optimizer_kernel(opt, torch.device("cuda"))
+    assert opt.param_groups[0]["fused"] and not opt.param_groups[0]["foreach"]
+    assert all(s["step"].device.type == "meta" and s["step"].dtype == torch.float32 for s in opt.state.values())
