@@ -8,6 +8,8 @@
 #   bash benchmarks/quality/recipe_trials.sh base big              # train what is missing, then the val table
 #   SEEDS="1 2 3" bash benchmarks/quality/recipe_trials.sh base big_d3   # the 3-seed confirmation
 #   bash benchmarks/quality/recipe_trials.sh replica r_cased r_prenorm   # issue 62's walk, against the replica
+#   WARMUP=500 bash benchmarks/quality/recipe_trials.sh replica r_cased   # the warmup fairseq's run.sh computed on
+#                                     # this host (its log: "updates, warmup N"), for replica and r_* trials
 #   MINUTES=3 OUT=/tmp/trials bash benchmarks/quality/recipe_trials.sh base   # a smoke run
 #
 # A trial is a name and its overrides (below). Every run is scored on the whole val set by translate.py (the
@@ -24,6 +26,7 @@ DATA=${DATA:-$ROOT/../shared/data}
 OUT=${OUT:-/work/runs/trials}
 MINUTES=${MINUTES:-56}
 SEEDS=${SEEDS:-1}
+WARMUP=${WARMUP:-}  # replica and r_*: run.sh's warmup on this host, unless the trial sets its own (r_const)
 M30K=$DATA/multi30k
 
 overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to docs/experiments.md)
@@ -54,6 +57,10 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
 
 experiment() {  # the recipe a trial changes: issue 62's replica for replica and r_*, else the En->De recipe
     case $1 in replica | r_*) echo multi30k_en_de_fairseq ;; *) echo multi30k_en_de ;; esac
+}
+host_warmup() {  # train.warmup=$WARMUP for a replica-family trial that does not set its own warmup
+    if [ -n "$WARMUP" ] && [ "$(experiment "$1")" = multi30k_en_de_fairseq ] \
+        && [[ "$(overrides "$1")" != *train.warmup=* ]]; then echo "train.warmup=$WARMUP"; fi
 }
 
 [ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit; replica r_xavier" \
@@ -90,7 +97,7 @@ for seed in $SEEDS; do
         fi
         if [ ! -f "$run/test_2016_flickr.hyp" ]; then
             # shellcheck disable=SC2046
-            python train.py +experiment="$(experiment "$t")" $(overrides "$t") train.seed="$seed" \
+            python train.py +experiment="$(experiment "$t")" $(overrides "$t") $(host_warmup "$t") train.seed="$seed" \
                 train.max_time="$MINUTES" train.progress=false run_dir="$run"
         fi
         [ -f "$run/val.hyp" ] || python translate.py checkpoint="$run" input="$M30K/val.en.gz" output="$run/val.hyp" \
