@@ -478,8 +478,8 @@ def test_the_cuda_allocator_gets_expandable_segments_unless_configured(monkeypat
 
 
 def test_the_training_benchmark_runs_without_transformers():
-    """benchmarks/gpu_kit.sh run measures the HF Marian peer when the kit shipped transformers, and the others
-    without it (before: an ImportError ended the benchmark)."""
+    """benchmarks/gpu_kit.sh run measures the HF Marian peer where transformers is installed (the GPU image has
+    it), the others without it (before: an ImportError ended the benchmark)."""
     code = (
         "import sys, runpy; sys.modules['transformers'] = None; sys.argv = ['train_peers.py', '--shape', 'small', "
         "'--dtypes', 'fp32', '--tokens', '300', '--steps', '1', '--warmup', '0']; "
