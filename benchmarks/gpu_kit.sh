@@ -19,11 +19,12 @@ shift || true
 if [ "$mode" = prepare ]; then
     set -e
     rm -rf .whl && mkdir -p .whl .gpudata/multi30k
-    # What the GPU image (Python 3.12) lacks: hydra and its parser runtime, datasets and two of its needs. The image
-    # has transformers (the HF Marian peer of benchmarks/peers/train_peers.py), tokenizers, sacrebleu, pytest.
+    # What the GPU image (Python 3.12) lacks: hydra and its parser runtime, datasets and two of its needs, sacremoses
+    # (tokenizer.pretokenize=moses; regex, click and joblib, its needs, are there). The image has transformers (the
+    # HF Marian peer of benchmarks/peers/train_peers.py), tokenizers, sacrebleu, pytest.
     python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d .whl hydra-core==1.3.2 omegaconf==2.3.0 datasets dill multiprocess
+        -d .whl hydra-core==1.3.2 omegaconf==2.3.0 datasets dill multiprocess sacremoses
     # omegaconf's parser runtime is published as a source archive only: build its (pure Python) wheel here.
     python -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
     cp ../shared/data/multi30k/{train,val,test_2016_flickr}.{en,de}.gz .gpudata/multi30k/

@@ -11,6 +11,9 @@
 #   WARMUP=500 bash benchmarks/quality/recipe_trials.sh replica r_cased   # the warmup fairseq's run.sh computed on
 #                                     # this host (its log: "updates, warmup N"), for replica and r_* trials
 #   MINUTES=3 OUT=/tmp/trials bash benchmarks/quality/recipe_trials.sh base   # a smoke run
+#   DEVICE=cuda JOBS=6 UPDATES=3500 MINUTES=6 SEEDS="1 2" DATA=.gpudata \
+#       bash benchmarks/quality/recipe_trials.sh replica r_prenorm r_d02   # the walk at a fixed update count on
+#                                     # a GPU, six small runs at once (each stops at UPDATES or MINUTES)
 #
 # A trial is a name and its overrides (below). Every run is scored on the whole val set by translate.py (the
 # run's own model: averaged or EMA, as it translates), and mt.compare puts all the named runs of the first seed
@@ -27,6 +30,9 @@ OUT=${OUT:-/work/runs/trials}
 MINUTES=${MINUTES:-56}
 SEEDS=${SEEDS:-1}
 WARMUP=${WARMUP:-}  # replica and r_*: run.sh's warmup on this host, unless the trial sets its own (r_const)
+UPDATES=${UPDATES:-}  # stop each run at this many updates too (a GPU's walk at the CPU hour's update count)
+DEVICE=${DEVICE:-cpu}  # where the runs train and decode
+JOBS=${JOBS:-1}  # runs trained at once, each logging to OUT/NAME.sSEED.log (a GPU has room for several small ones)
 M30K=$DATA/multi30k
 
 overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to docs/experiments.md)
@@ -66,42 +72,68 @@ host_warmup() {  # train.warmup=$WARMUP for a replica-family trial that does not
 [ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit; replica r_xavier" \
     "r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt)" >&2; exit 2; }
 for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
+[[ $JOBS =~ ^[1-9][0-9]*$ ]] || {
+    echo "error: JOBS=$JOBS: give the number of runs to train at once (1 or more)" >&2; exit 2; }
+[[ -z $UPDATES || $UPDATES =~ ^[1-9][0-9]*$ ]] || {
+    echo "error: UPDATES=$UPDATES: give a number of updates (1 or more), or leave MINUTES alone to stop runs" >&2
+    exit 2; }
 mkdir -p "$OUT"
-for seed in $SEEDS; do
+derived() {  # avg10, r_avg5, r_gnmt: decodings of another trial's run, not runs of their own
+    case $1 in avg10 | r_avg5 | r_gnmt) return 0 ;; *) return 1 ;; esac
+}
+train_run() {  # train trial $1 with seed $2 (unless its run is complete), then decode val with its model
+    local t=$1 seed=$2 run=$OUT/$1.s$2 extra=(train.device="$DEVICE" data.dir="$M30K")
+    [ -z "$UPDATES" ] || extra+=(train.max_updates="$UPDATES")
+    [ "$JOBS" = 1 ] || extra+=(data.cache_dir="$run.cache")  # runs at once never write one cache
+    if [ ! -f "$run/test_2016_flickr.hyp" ]; then
+        # shellcheck disable=SC2046
+        python train.py +experiment="$(experiment "$t")" $(overrides "$t") $(host_warmup "$t") train.seed="$seed" \
+            train.max_time="$MINUTES" train.progress=false run_dir="$run" "${extra[@]}"
+    fi
+    [ -f "$run/val.hyp" ] || python translate.py checkpoint="$run" input="$M30K/val.en.gz" output="$run/val.hyp" \
+        device="$DEVICE" > /dev/null 2> "$run/val.translate.log"
+}
+
+pids=()
+for seed in $SEEDS; do  # the trained runs, JOBS at a time
     for t in "$@"; do
+        derived "$t" && continue
+        if [ "$JOBS" = 1 ]; then train_run "$t" "$seed"; continue; fi
+        while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
+        train_run "$t" "$seed" > "$OUT/$t.s$seed.log" 2>&1 &
+        pids+=($!)
+    done
+done
+failed=0
+for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
+[ "$failed" = 0 ] || { echo "error: $failed of ${#pids[@]} runs failed: see $OUT/*.log" >&2; exit 1; }
+for seed in $SEEDS; do  # then the decodings of those runs
+    for t in "$@"; do
+        derived "$t" || continue
         run=$OUT/$t.s$seed
         if [ "$t" = avg10 ]; then  # training is the same as base's: average its last 10 epoch checkpoints
             [ -f "$OUT/base.s$seed/test_2016_flickr.hyp" ] || {
-                echo "error: avg10 averages base's run: put base before avg10 (bash $0 base avg10)" >&2; exit 2; }
+                echo "error: avg10 averages base's run: name base too (bash $0 base avg10)" >&2; exit 2; }
             mkdir -p "$run"
             [ -f "$run/val.hyp" ] || {
-                python -m mt.checkpoint "$OUT/base.s$seed" --average-last 10 --output "$OUT/base.s$seed/checkpoint_avg10.pt"
+                python -m mt.checkpoint "$OUT/base.s$seed" --average-last 10 \
+                    --output "$OUT/base.s$seed/checkpoint_avg10.pt"
                 python translate.py checkpoint="$OUT/base.s$seed/checkpoint_avg10.pt" input="$M30K/val.en.gz" \
-                    output="$run/val.hyp" device=cpu > /dev/null 2> "$run/val.translate.log"; }
+                    output="$run/val.hyp" device="$DEVICE" > /dev/null 2> "$run/val.translate.log"; }
             continue
         fi
-        if [ "$t" = r_avg5 ] || [ "$t" = r_gnmt ]; then  # the replica's run, averaged or decoded otherwise
-            replica=$OUT/replica.s$seed
-            [ -f "$replica/test_2016_flickr.hyp" ] || {
-                echo "error: $t reuses the replica's run: put replica before $t (bash $0 replica $t)" >&2; exit 2; }
-            mkdir -p "$run"
-            if [ "$t" = r_avg5 ]; then
-                ckpt=$replica/checkpoint_avg5.pt decode=()
-                [ -f "$ckpt" ] || python -m mt.checkpoint "$replica" --average-last 5 --output "$ckpt"
-            else
-                ckpt=$replica decode=(decode.length_penalty_type=gnmt decode.length_penalty=1.5)
-            fi
-            [ -f "$run/val.hyp" ] || python translate.py checkpoint="$ckpt" "${decode[@]}" input="$M30K/val.en.gz" \
-                output="$run/val.hyp" device=cpu > /dev/null 2> "$run/val.translate.log"
-            continue
+        replica=$OUT/replica.s$seed  # r_avg5, r_gnmt: the replica's run, averaged or decoded otherwise
+        [ -f "$replica/test_2016_flickr.hyp" ] || {
+            echo "error: $t reuses the replica's run: name replica too (bash $0 replica $t)" >&2; exit 2; }
+        mkdir -p "$run"
+        if [ "$t" = r_avg5 ]; then
+            ckpt=$replica/checkpoint_avg5.pt decode=()
+            [ -f "$ckpt" ] || python -m mt.checkpoint "$replica" --average-last 5 --output "$ckpt"
+        else
+            ckpt=$replica decode=(decode.length_penalty_type=gnmt decode.length_penalty=1.5)
         fi
-        if [ ! -f "$run/test_2016_flickr.hyp" ]; then
-            # shellcheck disable=SC2046
-            python train.py +experiment="$(experiment "$t")" $(overrides "$t") $(host_warmup "$t") train.seed="$seed" \
-                train.max_time="$MINUTES" train.progress=false run_dir="$run"
-        fi
-        [ -f "$run/val.hyp" ] || python translate.py checkpoint="$run" input="$M30K/val.en.gz" output="$run/val.hyp" \
-            device=cpu > /dev/null 2> "$run/val.translate.log"
+        [ -f "$run/val.hyp" ] || python translate.py checkpoint="$ckpt" "${decode[@]}" input="$M30K/val.en.gz" \
+            output="$run/val.hyp" device="$DEVICE" > /dev/null 2> "$run/val.translate.log"
     done
 done
 first=$(set -- $SEEDS; echo "$1")
