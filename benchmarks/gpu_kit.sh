@@ -58,9 +58,11 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 summary=$out/summary.txt
 export PYTHONUNBUFFERED=1
-# The GPU image names its interpreter python3 only.
+# Where the image names its interpreter python3 only, `python` runs it.
 if ! command -v python >/dev/null; then
-    mkdir -p /tmp/pybin && ln -sf "$(command -v python3)" /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
+    # A wrapper, not a symlink: a venv's interpreter linked from elsewhere no longer finds its venv (nor its torch).
+    mkdir -p /tmp/pybin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/pybin/python
+    chmod +x /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
 fi
 if ls .whl/*.whl >/dev/null 2>&1 && ! python -c "import hydra, datasets" 2>/dev/null; then
     python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

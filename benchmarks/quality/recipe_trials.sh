@@ -56,6 +56,9 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
         r_hfbpe) echo "tokenizer.pretokenize=none" ;;                 # the HF BPE on raw text (no Moses)
         r_const) echo "train.max_tokens=2500 train.accumulate=1 train.schedule=constant train.lr=2e-3" \
             "train.warmup=400 train.cooldown=0.2" ;;  # the recipe's 2.5k-token updates and constant schedule
+        r_combo) echo "tokenizer.normalization=NFC tokenizer.pretokenize=none" \
+            "decode.length_penalty_type=gnmt decode.length_penalty=1.5" ;;  # the walk's kept steps together
+        r_combo_const) echo "$(overrides r_combo) $(overrides r_const)" ;;      # and the 2.5k-token updates
         r_avg5 | r_gnmt) echo "" ;;  # not runs of their own: the replica's checkpoints, averaged or decoded otherwise
         *) echo "error: unknown trial '$1' (see overrides() in $0)" >&2; return 2 ;;
     esac
@@ -70,7 +73,7 @@ host_warmup() {  # train.warmup=$WARMUP for a replica-family trial that does not
 }
 
 [ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit; replica r_xavier" \
-    "r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt)" >&2; exit 2; }
+    "r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt r_combo r_combo_const)" >&2; exit 2; }
 for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || {
     echo "error: JOBS=$JOBS: give the number of runs to train at once (1 or more)" >&2; exit 2; }
