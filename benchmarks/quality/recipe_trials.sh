@@ -61,7 +61,7 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
         r_combo_const) echo "$(overrides r_combo) $(overrides r_const)" ;;      # and the 2.5k-token updates
         # levers past the walk, on r_combo at the replica's 8k-token updates (per-token cost the same or lower, so
         # a tie at equal updates is no loss in the hour): a deep encoder with a shallow decoder, dropout inside the
-        # attention and the FFN too, a higher peak lr
+        # attention and the FFN too, the peak lr up or down, label smoothing 0.2, twice the warmup
         r_combo_6x2) echo "$(overrides r_combo) model.encoder_layers=6 model.decoder_layers=2" ;;
         r_combo_adrop) echo "$(overrides r_combo) model.attention_dropout=0.1 model.activation_dropout=0.1" ;;
         r_combo_lr7) echo "$(overrides r_combo) train.lr=7e-3" ;;
@@ -83,7 +83,7 @@ host_warmup() {  # train.warmup=$WARMUP for a replica-family trial that does not
 
 [ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit; replica r_xavier" \
     "r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt r_combo r_combo_const r_combo_6x2 r_combo_adrop" \
-    "r_combo_lr7)" >&2; exit 2; }
+    "r_combo_lr7 r_combo_lr35 r_combo_ls2 r_combo_wu12)" >&2; exit 2; }
 for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || {
     echo "error: JOBS=$JOBS: give the number of runs to train at once (1 or more)" >&2; exit 2; }
