@@ -36,7 +36,8 @@ def trials(tmp_path: Path, *names: str, **env: str) -> tuple[subprocess.Complete
     (bin_dir / "python").write_text(FAKE_PYTHON)
     (bin_dir / "python").chmod(0o755)
     calls = tmp_path / "calls.log"
-    settings = ("OUT", "DATA", "MINUTES", "SEEDS", "WARMUP", "UPDATES", "DEVICE", "JOBS", "FAIL")  # none inherited
+    # the harness's settings: none inherited from the environment the tests run in
+    settings = ("OUT", "DATA", "MINUTES", "SEEDS", "WARMUP", "UPDATES", "DEVICE", "JOBS", "PAIR", "FAIL")
     inherited = {k: v for k, v in os.environ.items() if k not in settings}
     full_env = {**inherited, "PATH": f"{bin_dir}:{os.environ['PATH']}", "CALLS": str(calls),
                 "OUT": str(tmp_path / "out"), "DATA": str(tmp_path / "data"), **env}  # fmt: skip
@@ -89,6 +90,7 @@ def test_a_failed_run_among_several_fails_the_harness_after_the_others_finish(tm
         ({"JOBS": "two"}, "JOBS=two"),
         ({"UPDATES": "0"}, "UPDATES=0"),
         ({"UPDATES": "3k"}, "UPDATES=3k"),
+        ({"PAIR": "en-fr"}, "PAIR=en-fr"),
     ],  # fmt: skip
 )
 def test_bad_settings_are_one_line_errors_before_anything_runs(tmp_path, env, key):
@@ -101,3 +103,39 @@ def test_an_unknown_trial_is_named_before_anything_runs(tmp_path):
     p, calls = trials(tmp_path, "replica", "r_nope")
     assert p.returncode == 2 and calls == []
     assert p.stderr.strip() == f"error: unknown trial 'r_nope' (see overrides() in {TRIALS})"
+
+
+def test_de_en_trains_its_own_recipe_and_the_replica_turned_round_never_reusing_an_en_de_run(tmp_path):
+    finished_en_de = tmp_path / "out" / "base.s1"  # an En->De run of the same trial and seed, complete
+    finished_en_de.mkdir(parents=True)
+    (finished_en_de / "test_2016_flickr.hyp").touch()
+    p, calls = trials(tmp_path, "base", "const", "r_combo_const", PAIR="de-en", SEEDS="1", WARMUP="500")
+    assert p.returncode == 0, p.stderr
+    out, m30k = tmp_path / "out", tmp_path / "data" / "multi30k"
+    trains = {next(a for a in c if a.startswith("run_dir=")): c for c in calls if c[1:3] == ["start", "train.py"]}
+    assert sorted(trains) == [f"run_dir={out}/{t}.de-en.s1" for t in ("base", "const", "r_combo_const")]
+    base, const, combo = (trains[f"run_dir={out}/{t}.de-en.s1"] for t in ("base", "const", "r_combo_const"))
+    assert "+experiment=multi30k_de_en" in base and "train.keep_last=10" in base
+    assert "+experiment=multi30k_de_en" in const and "train.schedule=constant" in const
+    assert "+experiment=multi30k_en_de_fairseq" in combo  # the replica's family, turned round
+    assert "data.src_lang=de" in combo and "data.tgt_lang=en" in combo
+    assert "train.warmup=400" in combo and "train.warmup=500" not in combo  # r_const sets its own warmup
+    assert not any("data.src_lang=de" in c for c in (base, const))  # De->En's recipe needs no turning round
+    decodes = [c for c in calls if c[1:3] == ["start", "translate.py"]]
+    assert len(decodes) == 3 and all(f"input={m30k}/val.de.gz" in c for c in decodes)
+    table = next(c for c in calls if c[1:4] == ["start", "-m", "mt.compare"])
+    assert f"{m30k}/val.en.gz" in table and f"{out}/val.de-en.s1.json" in table
+    assert f"{out}/base.de-en.s1/val.hyp" in table
+
+
+def test_en_de_by_default_runs_and_scores_as_before(tmp_path):
+    p, calls = trials(tmp_path, "base", "finit", "r_d02", SEEDS="1")
+    assert p.returncode == 0, p.stderr
+    out, m30k = tmp_path / "out", tmp_path / "data" / "multi30k"
+    trains = [c for c in calls if c[1:3] == ["start", "train.py"]]
+    assert [c[3] for c in trains] == ["+experiment=multi30k_en_de"] * 2 + ["+experiment=multi30k_en_de_fairseq"]
+    assert not any(a.startswith("data.src_lang=") for c in trains for a in c)
+    runs = {a for c in trains for a in c if "run_dir=" in a}
+    assert runs == {f"run_dir={out}/{t}.s1" for t in ("base", "finit", "r_d02")}
+    table = next(c for c in calls if c[1:4] == ["start", "-m", "mt.compare"])
+    assert f"{m30k}/val.de.gz" in table and f"{out}/val.s1.json" in table

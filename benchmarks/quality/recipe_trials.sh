@@ -11,6 +11,8 @@
 #   WARMUP=500 bash benchmarks/quality/recipe_trials.sh replica r_cased   # the warmup fairseq's run.sh computed on
 #                                     # this host (its log: "updates, warmup N"), for replica and r_* trials
 #   MINUTES=3 OUT=/tmp/trials bash benchmarks/quality/recipe_trials.sh base   # a smoke run
+#   PAIR=de-en SEEDS=2 bash benchmarks/quality/recipe_trials.sh base const   # De->En: its recipe
+#                                     # (multi30k_de_en), the replica's family turned round; runs NAME.de-en.sSEED
 #   DEVICE=cuda JOBS=6 UPDATES=3500 MINUTES=6 SEEDS="1 2" DATA=.gpudata \
 #       bash benchmarks/quality/recipe_trials.sh replica r_prenorm r_d02   # the walk at a fixed update count on
 #                                     # a GPU, six small runs at once (each stops at UPDATES or MINUTES)
@@ -33,7 +35,13 @@ WARMUP=${WARMUP:-}  # replica and r_*: run.sh's warmup on this host, unless the 
 UPDATES=${UPDATES:-}  # stop each run at this many updates too (a GPU's walk at the CPU hour's update count)
 DEVICE=${DEVICE:-cpu}  # where the runs train and decode
 JOBS=${JOBS:-1}  # runs trained at once, each logging to OUT/NAME.sSEED.log (a GPU has room for several small ones)
+PAIR=${PAIR:-en-de}  # the direction: en-de (issue 47's and 62's recipe) or de-en (its runs are NAME.de-en.sSEED)
 M30K=$DATA/multi30k
+case $PAIR in
+    en-de) SRC=en TGT=de TAG="" ;;
+    de-en) SRC=de TGT=en TAG=".de-en" ;;  # a run of the other direction is never taken for a finished one
+    *) echo "error: PAIR=$PAIR: give en-de or de-en" >&2; exit 2 ;;
+esac
 
 overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to docs/experiments.md)
     case $1 in
@@ -46,6 +54,7 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
         wdrop) echo "train.tgt_word_dropout=0.1" ;;                   # target-side word dropout
         lower) echo "tokenizer.normalization=NFC+Lowercase" ;;        # trained lowercased, as fairseq's recipe
         finit) echo "model.init=fairseq" ;;  # fairseq's initialization, issue 62's implementation finding
+        const) echo "train.schedule=constant" ;;  # De->En with En->De's schedule (En->De's recipe has it already)
         # issue 62: fairseq's recipe mirrored, then one change at a time toward this project's
         replica) echo "" ;;
         r_xavier) echo "model.init=xavier" ;;                         # this project's initialization
@@ -73,17 +82,25 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
     esac
 }
 
-experiment() {  # the recipe a trial changes: issue 62's replica for replica and r_*, else the En->De recipe
-    case $1 in replica | r_*) echo multi30k_en_de_fairseq ;; *) echo multi30k_en_de ;; esac
+experiment() {  # the recipe a trial changes: issue 62's replica for replica and r_*, else the pair's recipe
+    case $1 in replica | r_*) echo multi30k_en_de_fairseq ;; *) echo "multi30k_${SRC}_$TGT" ;; esac
+}
+direction() {  # the replica's config is En->De's: turned round for PAIR=de-en (the pair's own recipes need nothing)
+    if [ "$PAIR" = de-en ] && [ "$(experiment "$1")" = multi30k_en_de_fairseq ]; then
+        echo "data.src_lang=de data.tgt_lang=en"
+    fi
+}
+rundir() {  # the run directory of trial $1, seed $2
+    echo "$OUT/$1$TAG.s$2"
 }
 host_warmup() {  # train.warmup=$WARMUP for a replica-family trial that does not set its own warmup
     if [ -n "$WARMUP" ] && [ "$(experiment "$1")" = multi30k_en_de_fairseq ] \
         && [[ "$(overrides "$1")" != *train.warmup=* ]]; then echo "train.warmup=$WARMUP"; fi
 }
 
-[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit; replica r_xavier" \
-    "r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt r_combo r_combo_const r_combo_6x2 r_combo_adrop" \
-    "r_combo_lr7 r_combo_lr35 r_combo_ls2 r_combo_wu12)" >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit const;" \
+    "replica r_xavier r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt r_combo r_combo_const" \
+    "r_combo_6x2 r_combo_adrop r_combo_lr7 r_combo_lr35 r_combo_ls2 r_combo_wu12; PAIR=en-de or de-en)" >&2; exit 2; }
 for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || {
     echo "error: JOBS=$JOBS: give the number of runs to train at once (1 or more)" >&2; exit 2; }
@@ -95,15 +112,16 @@ derived() {  # avg10, r_avg5, r_gnmt: decodings of another trial's run, not runs
     case $1 in avg10 | r_avg5 | r_gnmt) return 0 ;; *) return 1 ;; esac
 }
 train_run() {  # train trial $1 with seed $2 (unless its run is complete), then decode val with its model
-    local t=$1 seed=$2 run=$OUT/$1.s$2 extra=(train.device="$DEVICE" data.dir="$M30K")
+    local t=$1 seed=$2 run extra=(train.device="$DEVICE" data.dir="$M30K")
+    run=$(rundir "$t" "$seed")
     [ -z "$UPDATES" ] || extra+=(train.max_updates="$UPDATES")
     [ "$JOBS" = 1 ] || extra+=(data.cache_dir="$run.cache")  # runs at once never write one cache
     if [ ! -f "$run/test_2016_flickr.hyp" ]; then
         # shellcheck disable=SC2046
-        python train.py +experiment="$(experiment "$t")" $(overrides "$t") $(host_warmup "$t") train.seed="$seed" \
-            train.max_time="$MINUTES" train.progress=false run_dir="$run" "${extra[@]}"
+        python train.py +experiment="$(experiment "$t")" $(overrides "$t") $(direction "$t") $(host_warmup "$t") \
+            train.seed="$seed" train.max_time="$MINUTES" train.progress=false run_dir="$run" "${extra[@]}"
     fi
-    [ -f "$run/val.hyp" ] || python translate.py checkpoint="$run" input="$M30K/val.en.gz" output="$run/val.hyp" \
+    [ -f "$run/val.hyp" ] || python translate.py checkpoint="$run" input="$M30K/val.$SRC.gz" output="$run/val.hyp" \
         device="$DEVICE" > /dev/null 2> "$run/val.translate.log"
 }
 
@@ -113,7 +131,7 @@ for seed in $SEEDS; do  # the trained runs, JOBS at a time
         derived "$t" && continue
         if [ "$JOBS" = 1 ]; then train_run "$t" "$seed"; continue; fi
         while [ "$(jobs -rp | wc -l)" -ge "$JOBS" ]; do wait -n || true; done
-        train_run "$t" "$seed" > "$OUT/$t.s$seed.log" 2>&1 &
+        train_run "$t" "$seed" > "$(rundir "$t" "$seed").log" 2>&1 &
         pids+=($!)
     done
 done
@@ -123,19 +141,18 @@ for pid in "${pids[@]}"; do wait "$pid" || failed=$((failed + 1)); done
 for seed in $SEEDS; do  # then the decodings of those runs
     for t in "$@"; do
         derived "$t" || continue
-        run=$OUT/$t.s$seed
+        run=$(rundir "$t" "$seed") base=$(rundir base "$seed")
         if [ "$t" = avg10 ]; then  # training is the same as base's: average its last 10 epoch checkpoints
-            [ -f "$OUT/base.s$seed/test_2016_flickr.hyp" ] || {
+            [ -f "$base/test_2016_flickr.hyp" ] || {
                 echo "error: avg10 averages base's run: name base too (bash $0 base avg10)" >&2; exit 2; }
             mkdir -p "$run"
             [ -f "$run/val.hyp" ] || {
-                python -m mt.checkpoint "$OUT/base.s$seed" --average-last 10 \
-                    --output "$OUT/base.s$seed/checkpoint_avg10.pt"
-                python translate.py checkpoint="$OUT/base.s$seed/checkpoint_avg10.pt" input="$M30K/val.en.gz" \
+                python -m mt.checkpoint "$base" --average-last 10 --output "$base/checkpoint_avg10.pt"
+                python translate.py checkpoint="$base/checkpoint_avg10.pt" input="$M30K/val.$SRC.gz" \
                     output="$run/val.hyp" device="$DEVICE" > /dev/null 2> "$run/val.translate.log"; }
             continue
         fi
-        replica=$OUT/replica.s$seed  # r_avg5, r_gnmt: the replica's run, averaged or decoded otherwise
+        replica=$(rundir replica "$seed")  # r_avg5, r_gnmt: the replica's run, averaged or decoded otherwise
         [ -f "$replica/test_2016_flickr.hyp" ] || {
             echo "error: $t reuses the replica's run: name replica too (bash $0 replica $t)" >&2; exit 2; }
         mkdir -p "$run"
@@ -145,16 +162,16 @@ for seed in $SEEDS; do  # then the decodings of those runs
         else
             ckpt=$replica decode=(decode.length_penalty_type=gnmt decode.length_penalty=1.5)
         fi
-        [ -f "$run/val.hyp" ] || python translate.py checkpoint="$ckpt" "${decode[@]}" input="$M30K/val.en.gz" \
+        [ -f "$run/val.hyp" ] || python translate.py checkpoint="$ckpt" "${decode[@]}" input="$M30K/val.$SRC.gz" \
             output="$run/val.hyp" device="$DEVICE" > /dev/null 2> "$run/val.translate.log"
     done
 done
 first=$(set -- $SEEDS; echo "$1")
 if [ $# -lt 2 ]; then  # one trial (a seed of a rematch pair): its val hypotheses are written, there is no table
-    echo "$1: val hypotheses in $OUT/$1.s*/val.hyp (name two trials or more for the val table against the first)"
+    echo "$1: val hypotheses in $OUT/$1$TAG.s*/val.hyp (name two trials or more for the val table against the first)"
     exit 0
 fi
 hyps=() names=()
-for t in "$@"; do hyps+=("$OUT/$t.s$first/val.hyp") names+=("$t"); done
-python -m mt.compare "${hyps[@]}" --refs "$M30K/val.de.gz" --names "$(IFS=,; echo "${names[*]}")" \
-    --json "$OUT/val.s$first.json" | tee "$OUT/val.s$first.md"
+for t in "$@"; do hyps+=("$(rundir "$t" "$first")/val.hyp") names+=("$t"); done
+python -m mt.compare "${hyps[@]}" --refs "$M30K/val.$TGT.gz" --names "$(IFS=,; echo "${names[*]}")" \
+    --json "$OUT/val$TAG.s$first.json" | tee "$OUT/val$TAG.s$first.md"
