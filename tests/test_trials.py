@@ -99,6 +99,12 @@ def test_bad_settings_are_one_line_errors_before_anything_runs(tmp_path, env, ke
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(f"error: {key}: ")
 
 
+def test_const_is_refused_for_en_de_whose_recipe_has_it_already(tmp_path):
+    p, calls = trials(tmp_path, "base", "const")
+    assert p.returncode == 2 and calls == []
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith("error: const is De->En's trial")
+
+
 def test_an_unknown_trial_is_named_before_anything_runs(tmp_path):
     p, calls = trials(tmp_path, "replica", "r_nope")
     assert p.returncode == 2 and calls == []

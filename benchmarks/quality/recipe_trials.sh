@@ -102,6 +102,12 @@ host_warmup() {  # train.warmup=$WARMUP for a replica-family trial that does not
     "replica r_xavier r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt r_combo r_combo_const" \
     "r_combo_6x2 r_combo_adrop r_combo_lr7 r_combo_lr35 r_combo_ls2 r_combo_wu12; PAIR=en-de or de-en)" >&2; exit 2; }
 for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
+for t in "$@"; do  # En->De's recipe has the constant schedule already: const would train base again
+    [ "$t" != const ] || [ "$PAIR" = de-en ] || {
+        echo "error: const is De->En's trial (En->De's recipe is constant already): run it with PAIR=de-en" >&2
+        exit 2
+    }
+done
 [[ $JOBS =~ ^[1-9][0-9]*$ ]] || {
     echo "error: JOBS=$JOBS: give the number of runs to train at once (1 or more)" >&2; exit 2; }
 [[ -z $UPDATES || $UPDATES =~ ^[1-9][0-9]*$ ]] || {
