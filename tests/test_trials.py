@@ -145,3 +145,21 @@ def test_en_de_by_default_runs_and_scores_as_before(tmp_path):
     assert runs == {f"run_dir={out}/{t}.s1" for t in ("base", "finit", "r_d02")}
     table = next(c for c in calls if c[1:4] == ["start", "-m", "mt.compare"])
     assert f"{m30k}/val.de.gz" in table and f"{out}/val.s1.json" in table
+
+
+def test_the_walks_conf_is_r_combo_const_key_for_key(tmp_path):
+    """conf/experiment/multi30k_en_de_walk.yaml writes out the harness's r_combo_const (the replica and its
+    overrides): the two compose to the same config, so a recipe change to the conf is the trial that was measured."""
+    from omegaconf import OmegaConf
+
+    from tests.test_config import compose_train
+
+    p, calls = trials(tmp_path, "r_combo_const", SEEDS="1")
+    assert p.returncode == 0, p.stderr
+    (train,) = [c for c in calls if c[1:3] == ["start", "train.py"]]
+    run_specific = ("train.seed=", "train.max_time=", "train.progress=", "run_dir=", "train.device=", "data.dir=")
+    trial = [a for a in train[3:] if not a.startswith(run_specific)]
+    assert "+experiment=multi30k_en_de_fairseq" in trial and "train.schedule=constant" in trial
+    composed = OmegaConf.to_container(compose_train(trial))
+    walk = OmegaConf.to_container(compose_train(["+experiment=multi30k_en_de_walk"]))
+    assert walk == composed
