@@ -99,10 +99,11 @@ def test_bad_settings_are_one_line_errors_before_anything_runs(tmp_path, env, ke
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(f"error: {key}: ")
 
 
-def test_const_is_refused_for_en_de_whose_recipe_has_it_already(tmp_path):
-    p, calls = trials(tmp_path, "base", "const")
+@pytest.mark.parametrize("pair", ["en-de", "de-en"])
+def test_const_is_refused_now_that_both_recipes_have_it(tmp_path, pair):
+    p, calls = trials(tmp_path, "base", "const", PAIR=pair)
     assert p.returncode == 2 and calls == []
-    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith("error: const is De->En's trial")
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith("error: const is base now")
 
 
 def test_an_unknown_trial_is_named_before_anything_runs(tmp_path):
@@ -115,18 +116,18 @@ def test_de_en_trains_its_own_recipe_and_the_replica_turned_round_never_reusing_
     finished_en_de = tmp_path / "out" / "base.s1"  # an En->De run of the same trial and seed, complete
     finished_en_de.mkdir(parents=True)
     (finished_en_de / "test_2016_flickr.hyp").touch()
-    p, calls = trials(tmp_path, "base", "const", "r_combo_const", PAIR="de-en", SEEDS="1", WARMUP="500")
+    p, calls = trials(tmp_path, "base", "finit", "r_combo_const", PAIR="de-en", SEEDS="1", WARMUP="500")
     assert p.returncode == 0, p.stderr
     out, m30k = tmp_path / "out", tmp_path / "data" / "multi30k"
     trains = {next(a for a in c if a.startswith("run_dir=")): c for c in calls if c[1:3] == ["start", "train.py"]}
-    assert sorted(trains) == [f"run_dir={out}/{t}.de-en.s1" for t in ("base", "const", "r_combo_const")]
-    base, const, combo = (trains[f"run_dir={out}/{t}.de-en.s1"] for t in ("base", "const", "r_combo_const"))
+    assert sorted(trains) == [f"run_dir={out}/{t}.de-en.s1" for t in ("base", "finit", "r_combo_const")]
+    base, finit, combo = (trains[f"run_dir={out}/{t}.de-en.s1"] for t in ("base", "finit", "r_combo_const"))
     assert "+experiment=multi30k_de_en" in base and "train.keep_last=10" in base
-    assert "+experiment=multi30k_de_en" in const and "train.schedule=constant" in const
+    assert "+experiment=multi30k_de_en" in finit and "model.init=fairseq" in finit
     assert "+experiment=multi30k_en_de_fairseq" in combo  # the replica's family, turned round
     assert "data.src_lang=de" in combo and "data.tgt_lang=en" in combo
     assert "train.warmup=400" in combo and "train.warmup=500" not in combo  # r_const sets its own warmup
-    assert not any("data.src_lang=de" in c for c in (base, const))  # De->En's recipe needs no turning round
+    assert not any("data.src_lang=de" in c for c in (base, finit))  # De->En's recipe needs no turning round
     decodes = [c for c in calls if c[1:3] == ["start", "translate.py"]]
     assert len(decodes) == 3 and all(f"input={m30k}/val.de.gz" in c for c in decodes)
     table = next(c for c in calls if c[1:4] == ["start", "-m", "mt.compare"])
