@@ -98,7 +98,7 @@ host_warmup() {  # train.warmup=$WARMUP for a replica-family trial that does not
         && [[ "$(overrides "$1")" != *train.warmup=* ]]; then echo "train.warmup=$WARMUP"; fi
 }
 
-[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit const;" \
+[ $# -gt 0 ] || { echo "usage: bash $0 TRIAL... (base big big_d3 avg10 ema rdrop wdrop lower finit;" \
     "replica r_xavier r_cased r_prenorm r_ffn512 r_d02 r_hfbpe r_const r_avg5 r_gnmt r_combo r_combo_const" \
     "r_combo_6x2 r_combo_adrop r_combo_lr7 r_combo_lr35 r_combo_ls2 r_combo_wu12; PAIR=en-de or de-en)" >&2; exit 2; }
 for t in "$@"; do overrides "$t" > /dev/null; done  # every name known before anything runs
