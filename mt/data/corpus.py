@@ -198,8 +198,11 @@ class TaggedRows:
 
 
 def _meta_key(cfg: TokenizerConfig, train_fingerprint: str, tags: tuple[str, ...] = (), balanced: bool = False) -> str:
-    what = [asdict(cfg), train_fingerprint, *([list(tags)] if tags else []), *(["balanced"] if balanced else [])]
-    what += ["punctuation keeps its space"] if cfg.pretokenize == "moses" else []  # `new_tokenizer`'s since issue 62
+    config = asdict(cfg)
+    if config["pretokenize"] == "none":  # (the key of a run without Moses is the key of before the option)
+        del config["pretokenize"]
+    what = [config, train_fingerprint, *([list(tags)] if tags else []), *(["balanced"] if balanced else [])]
+    what += ["punctuation keeps its space", "joiner marks"] if cfg.pretokenize == "moses" else []  # `new_tokenizer`'s
     # (without tags, balance or Moses: the keys of before)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 

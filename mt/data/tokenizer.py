@@ -21,7 +21,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from mt.config import TokenizerConfig
-from mt.data.pretokenize import Moses, moses
+from mt.data.pretokenize import JOINER, Moses, moses
 from mt.errors import TokenizerError
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,13 @@ class Vocab:
         """`texts` as the BPE sees them: Moses-tokenized with `moses`, else as they are."""
         return [self.moses.tokenize(t) for t in texts] if self.moses is not None else texts
 
+    def unchanged(self, text: str) -> str | None:
+        """None if `text` comes back as it is (up to runs of whitespace) from this tokenizer's pre-tokenization and
+        its undoing (always without Moses), else what comes back: what a prefix or a constraint would become."""
+        if self.moses is None or self.moses.round_trips(text):
+            return None
+        return self.moses.detokenize(self.moses.tokenize(text))
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(self.pretokenized([text])[0], add_special_tokens=False).ids
 
@@ -76,9 +83,11 @@ class Vocab:
         norm = self.tokenizer.normalizer
         return norm is not None and norm.normalize_str("A") == "a"
 
-    def digest(self) -> str:
-        """The tokenizer's identity (what ids its text gets): its JSON, and its pre-tokenization if any."""
-        text = self.tokenizer.to_str() + (f"|moses:{self.moses.lang}" if self.moses is not None else "")
+    def digest(self, pretokenization: bool = True) -> str:
+        """The tokenizer's identity (what ids its text gets): its JSON, and its pre-tokenization if any (unless
+        `pretokenization` is False: the tokenizer.json file's identity)."""
+        moses = self.moses if pretokenization else None
+        text = self.tokenizer.to_str() + (f"|moses:{moses.lang}" if moses is not None else "")
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
@@ -114,7 +123,8 @@ class Vocabs:
         """{"kind": "moses", "src_lang": .., "tgt_lang": ..}, or None: how text is prepared before the BPE."""
         if self.src.moses is None:
             return None
-        return {"kind": "moses", "src_lang": self.src.moses.lang, "tgt_lang": self.tgt.moses.lang}
+        joiner = {"joiner": self.src.moses.joiner} if self.src.moses.joiner is not None else {}  # (none: legacy)
+        return {"kind": "moses", "src_lang": self.src.moses.lang, "tgt_lang": self.tgt.moses.lang, **joiner}
 
     def files(self, dir: Path) -> dict[str, Path]:
         if self.joint:
@@ -152,11 +162,18 @@ class Vocabs:
             return cls(vocab, vocab if tgt is src else Vocab(tgt))
         if pretokenize.get("kind") != "moses":
             raise TokenizerError(f"pretokenize={pretokenize!r}: unknown; this version knows moses")
-        return cls(Vocab(src, moses(pretokenize["src_lang"])), Vocab(tgt, moses(pretokenize["tgt_lang"])))
+        joiner = pretokenize.get("joiner")  # (a model of before the joiners: Moses' detokenizer)
+        if joiner is None:
+            log.warning(
+                "pretokenize: a Moses model without joiner marks: its translations are Moses-detokenized, "
+                "which does not give all text back as the model copies it (retrain for exact text)"
+            )
+        src_moses, tgt_moses = moses(pretokenize["src_lang"], joiner), moses(pretokenize["tgt_lang"], joiner)
+        return cls(Vocab(src, src_moses), Vocab(tgt, tgt_moses))
 
     def pretokenizing(self, kind: str, src_lang: str, tgt_lang: str) -> Vocabs:
         """These tokenizers with `tokenizer.pretokenize=kind` in the run's languages ("none": as they are)."""
-        spec = {"kind": kind, "src_lang": src_lang, "tgt_lang": tgt_lang} if kind != "none" else None
+        spec = {"kind": kind, "src_lang": src_lang, "tgt_lang": tgt_lang, "joiner": JOINER} if kind != "none" else None
         return Vocabs.of(self.src.tokenizer, self.tgt.tokenizer, spec)
 
 
@@ -174,10 +191,10 @@ def new_tokenizer(normalization: str, pretokenized: bool = False) -> Tokenizer:
     # a subword, which matters on small corpora. Both steps are undone exactly by the Metaspace decoder.
     split = pre_tokenizers.Punctuation(behavior="isolated")
     if pretokenized:
-        # Moses puts a space before every punctuation mark ("bushes ."): the mark keeps its "▁" ("▁."), as a word
-        # of subword-nmt would. Split off alone, each mark would cost a bare "▁" token too (9% of Multi30k's German
-        # tokens, issue 62).
-        split = pre_tokenizers.Split(Regex(f"▁?(?:{PUNCTUATION})"), behavior="isolated")
+        # Moses puts a space before every punctuation mark ("bushes ￭."): the mark keeps its "▁" and its joiners
+        # ("▁￭."), as a word of subword-nmt would. Split off alone, each mark would cost a bare "▁" token too (9% of
+        # Multi30k's German tokens).
+        split = pre_tokenizers.Split(Regex(f"▁?{JOINER}?(?:{PUNCTUATION}){JOINER}?"), behavior="isolated")
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Metaspace(), split])
     tok.decoder = decoders.Metaspace()
     return tok

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import torch
 
-from mt.config import ConfigError, DecodeConfig, ModelConfig, TokenizerConfig
-from mt.data.tokenizer import Vocabs, load_run_vocabs
+from mt.config import ConfigError, DecodeConfig, ModelConfig
+from mt.data.tokenizer import Vocabs
 from mt.decode.search import Hypothesis, output_cap
+from mt.model import saved
 
 
 def require_ctranslate2():
@@ -50,7 +51,7 @@ class CTranslate2Model:
             device_index=device.index or 0,  # cuda:1 decodes on the second GPU
             intra_threads=threads or torch.get_num_threads(),
         )
-        self.vocabs: Vocabs = load_run_vocabs(TokenizerConfig(joint=(path / "tokenizer.json").is_file()), path)
+        self.vocabs: Vocabs = Vocabs.from_json(saved.tokenizer_files(path, self.run_config))
 
     def translate_ids(
         self, src_ids: list[list[int]], cfg: DecodeConfig, prefixes: list[list[int]] | None = None

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from mt.config import ConfigError, DecodeConfig
 from mt.data import read
+from mt.data.pretokenize import JOINER
 from mt.data.tokenizer import UNK, Vocab
 from mt.decode.constraints import Constraints
 from mt.decode.search import Hypothesis
@@ -122,7 +123,14 @@ class Tally:
 def word_boundaries(vocab: Vocab) -> frozenset[int]:
     """The tokens before which a word has ended: those that begin a word (Metaspace's mark) and punctuation."""
     return frozenset(i for tok, i in vocab.tokenizer.get_vocab().items()
-                     if i > UNK and (tok.startswith("\u2581") or not any(c.isalnum() for c in tok)))  # fmt: skip
+                     if i > UNK and (tok.startswith("\u2581") or not any(c.isalnum() for c in tok))
+                     and not _joins_word(tok))  # fmt: skip
+
+
+def _joins_word(token: str) -> bool:
+    """A Moses model's token that continues the word before it: a joiner, then a letter or digit ("▁￭n't")."""
+    rest = token.lstrip("\u2581")
+    return rest.startswith(JOINER) and rest[1:2].isalnum()
 
 
 def check_search(decode: DecodeConfig, where: str) -> None:
@@ -170,6 +178,10 @@ def line_constraints(
     for i, ps in enumerate(per_line):
         encoded = [next(ids) for _ in ps]
         for p, e in zip(ps, encoded):
+            if (back := vocab.unchanged(p)) is not None:
+                raise ConfigError(f"{where}:{first_line + i + 1}: the constraint {p!r} would come back as {back!r} "
+                                  "from this model's Moses pre-tokenization; rephrase it, or retrain the model (new "
+                                  "Moses models give text back exactly)")  # fmt: skip
             if UNK in e:
                 bad = "".join(dict.fromkeys(c for c in p if UNK in vocab.encode(c)))
                 raise ConfigError(f"{where}:{first_line + i + 1}: the constraint {p!r} has characters the model's "

@@ -194,6 +194,11 @@ class Translator:
             return None
         if len(prefixes) != len(src_ids):
             raise ConfigError(f"{where}: {len(prefixes)} prefixes for {len(src_ids)} lines; give one per line")
+        for i, p in enumerate(prefixes):
+            if p.strip() and (back := self.vocabs.tgt.unchanged(p)) is not None:
+                raise ConfigError(f"{where}:{first_line + i + 1}: the prefix {p.strip()!r} would come back as "
+                                  f"{back!r} from this model's Moses pre-tokenization; rephrase it, or retrain the "
+                                  "model (new Moses models give text back exactly)")  # fmt: skip
         ids = self.vocabs.tgt.encode_batch([p.strip() for p in prefixes])
         for i, (p, s) in enumerate(zip(ids, src_ids)):
             limit = min(int((len(s) + 1) * decode.max_len_a + decode.max_len_b), output_cap(self.model, decode))

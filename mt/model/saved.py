@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mt.data.tokenizer import Vocabs, read_tokenizer_files
+from mt.data.tokenizer import PRETOKENIZE_FILE, Vocabs, read_tokenizer_files
 from mt.errors import CheckpointError
 from mt.model.transformer import Transformer
 
@@ -93,19 +93,31 @@ def _json(path: Path, fmt: str) -> dict:
     return meta
 
 
+def tokenizer_files(dir: Path, config: dict | None) -> dict:
+    """The tokenizers of an exported dir (`read_tokenizer_files`); one whose run pre-tokenized its text
+    (tokenizer.pretokenize in `config`, the run's config) but whose PRETOKENIZE_FILE is missing is refused: without
+    it the text would get other ids than the model learnt."""
+    files = read_tokenizer_files(dir)
+    wanted = ((config or {}).get("tokenizer") or {}).get("pretokenize", "none")
+    if wanted != "none" and "pretokenize" not in files:
+        raise CheckpointError(f"{dir}: the model was trained with tokenizer.pretokenize={wanted} but "
+                              f"{PRETOKENIZE_FILE} is missing; copy it from the run dir or export again")  # fmt: skip
+    return files
+
+
 def load_release(dir: Path) -> dict:
     """A release dir as a checkpoint dict whose "model" is the safetensors file (read by `build_model`)."""
     meta = _json(dir / "config.json", RELEASE_FORMAT)
     return {"format": RELEASE_FORMAT, "path": str(dir), "model": dir / "model.safetensors",
             "model_args": meta["model_args"], "config": meta["config"],
-            "tokenizer": read_tokenizer_files(dir)}  # fmt: skip
+            "tokenizer": tokenizer_files(dir, meta["config"])}  # fmt: skip
 
 
 def load_ctranslate2_export(dir: Path) -> dict:
     """A CTranslate2 export dir as a checkpoint dict; its model is built by mt.decode.ct2, not `build_model`."""
     meta = _json(dir / "mt.json", CT2_FORMAT)
     return {"format": CT2_FORMAT, "path": str(dir), "model_args": meta["model_args"], "config": meta["config"],
-            "tokenizer": read_tokenizer_files(dir)}  # fmt: skip
+            "tokenizer": tokenizer_files(dir, meta["config"])}  # fmt: skip
 
 
 def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:

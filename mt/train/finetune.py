@@ -105,7 +105,8 @@ def adopt(cfg: Config, parent: Parent, overrides: list[str]) -> Config:
         from mt.data.tokenizer import Vocab
 
         mine = Vocab.from_file(cfg.tokenizer.path)
-        if mine.digest() not in (parent.vocabs.src.digest(), parent.vocabs.tgt.digest()):
+        theirs = (parent.vocabs.src.digest(pretokenization=False), parent.vocabs.tgt.digest(pretokenization=False))
+        if mine.digest() not in theirs:  # (the file holds the BPE; the parent's Moses setting comes with it above)
             raise ConfigError(
                 f"tokenizer.path={cfg.tokenizer.path}: not the tokenizer of the parent "
                 "(train.init_from), whose vocabulary the model's embeddings index; drop tokenizer.path"
