@@ -9,8 +9,7 @@ from dataclasses import replace
 import pytest
 
 from mt.data.pretokenize import moses
-from tests.conftest import MULTI30K, needs_multi30k, read_gz
-
+from tests.conftest import MULTI30K, read_gz
 
 SHARED = MULTI30K.parent
 TEST_SETS = sorted(SHARED.glob("*/test*.gz"))
