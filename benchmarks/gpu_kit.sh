@@ -6,11 +6,13 @@
 #   bash benchmarks/gpu_kit.sh run OUT --device cpu --minutes 1 --smoke   # a dry run of the same steps on a CPU
 #
 # `prepare` downloads the wheels the GPU image lacks into .whl/ and copies Multi30k into .gpudata/ (both
-# git-ignored, both to be named in the device tool's `carry`). `run` installs the wheels into /tmp/site, then runs,
+# git-ignored, both to be named in the device tool's `carry`). `run` installs the wheels into its own folder, then runs,
 # most important first: `pytest -m gpu`, the GPU recipe for --minutes of training, its checkpoint's beam-5 BLEU on
 # test_2016_flickr decoded on the GPU (fp32/TF32 and bf16) and on the CPU, decoding speed, the training throughput
 # benchmark (small and base shapes) and torchrun on one GPU, writing eight files at most (the device tool brings
-# back eight) to OUT_DIR (default $OUT, else ./gpu_out); summary.txt has the lines that matter.
+# back eight) to OUT_DIR (default $OUT, else ./gpu_out); summary.txt has the lines that matter. Every step runs even
+# when one before it failed (a GPU's minutes are few); each failure is named in summary.txt, and the kit then exits 1.
+# What a run writes besides OUT_DIR goes to a folder of its own (mktemp), never to files an earlier run left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -57,16 +59,30 @@ done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 summary=$out/summary.txt
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_kit.XXXXXX")  # this run's own: checkpoints, hypotheses, decode logs
+failed=()
+must() {  # NAME COMMAND...: runs it; a failure is written to the summary and fails the kit at its end
+    local name=$1 rc
+    shift
+    "$@"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        failed+=("$name")
+        echo "FAILED: $name (exit $rc)" | tee -a "$summary" >&2
+    fi
+    return $rc
+}
 export PYTHONUNBUFFERED=1
 # Where the image names its interpreter python3 only, `python` runs it.
 if ! command -v python >/dev/null; then
     # A wrapper, not a symlink: a venv's interpreter linked from elsewhere no longer finds its venv (nor its torch).
-    mkdir -p /tmp/pybin && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > /tmp/pybin/python
-    chmod +x /tmp/pybin/python && export PATH=/tmp/pybin:$PATH
+    mkdir -p "$work/pybin" && printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v python3)" > "$work/pybin/python"
+    chmod +x "$work/pybin/python" && export PATH=$work/pybin:$PATH
 fi
 if ls .whl/*.whl >/dev/null 2>&1 && ! python -c "import hydra, datasets" 2>/dev/null; then
-    python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    must "install the wheels" python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$work/site" .whl/*.whl
+    export PYTHONPATH=$work/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 step() { echo "== $* ($(date -u +%T))" | tee -a "$summary"; }
 
@@ -79,11 +95,12 @@ step() { echo "== $* ($(date -u +%T))" | tee -a "$summary"; }
 } | tee "$summary"
 
 step "pytest -m gpu tests/test_gpu.py"
-timeout 150 python -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_gpu.py > "$out/pytest_gpu.log" 2>&1
+must "pytest -m gpu" timeout 150 python -m pytest -q -m gpu -p no:cacheprovider -rs tests/test_gpu.py \
+    > "$out/pytest_gpu.log" 2>&1
 tail -4 "$out/pytest_gpu.log" | tee -a "$summary"
 
 step "recipe: multi30k_en_de_gpu, $minutes min on $device"
-run_dir=/tmp/gpu_recipe
+run_dir=$work/recipe
 test_input=.gpudata/multi30k/test_2016_flickr.en.gz
 shapes="small base"
 peer_args="--dtypes bf16 --tokens 25000 --steps 10"
@@ -91,14 +108,13 @@ extra=()
 if [ $smoke = 1 ]; then
     extra=(model=transformer_tiny train.valid_every=50 train.precision=fp32)
     python -c "import gzip, sys; sys.stdout.writelines(gzip.open(sys.argv[1], 'rt').readlines()[:100])" \
-        $test_input > /tmp/test100.en
-    test_input=/tmp/test100.en
+        $test_input > "$work/test100.en"
+    test_input=$work/test100.en
     shapes=small
     peer_args="--dtypes fp32 --tokens 1000 --steps 2 --warmup 1"
 fi
-rm -rf $run_dir
-python train.py +experiment=multi30k_en_de_gpu train.device="$device" train.max_time="$minutes" \
-    train.progress=false run_dir=$run_dir "${extra[@]}" > "$out/recipe.log" 2>&1
+must recipe python train.py +experiment=multi30k_en_de_gpu train.device="$device" train.max_time="$minutes" \
+    train.progress=false run_dir="$run_dir" "${extra[@]}" > "$out/recipe.log" 2>&1
 grep -E "test_2016|stopped|updates/s|tok/s" "$out/recipe.log" | tail -4 | tee -a "$summary"
 cp $run_dir/metrics.jsonl "$out/" 2>/dev/null
 
@@ -107,20 +123,25 @@ cp $run_dir/metrics.jsonl "$out/" 2>/dev/null
 step "beam-5 BLEU of the recipe's checkpoint, GPU and CPU"
 decode_log=$out/decode.log
 : > "$decode_log"
-translate() {  # NAME then translate.py overrides; the hypotheses go to /tmp/hyp.NAME
-    local name=$1; shift
-    python translate.py checkpoint=$run_dir input=$test_input output=/tmp/hyp.$name "$@" > /tmp/decode.$name 2>&1
-    { echo "-- $name: $*"; cat /tmp/decode.$name; } >> "$decode_log"
-    grep -E "sentences/s|lowercased|rror" /tmp/decode.$name | sed "s/^.*INFO /$name: /" | tee -a "$summary"
+translate() {  # NAME then translate.py overrides; the hypotheses go to $work/hyp.NAME
+    local name=$1 rc; shift
+    must "translate $name" python translate.py checkpoint="$run_dir" input="$test_input" output="$work/hyp.$name" \
+        "$@" > "$work/decode.$name" 2>&1
+    rc=$?
+    { echo "-- $name: $*"; cat "$work/decode.$name"; } >> "$decode_log"
+    grep -E "sentences/s|lowercased|rror" "$work/decode.$name" | sed "s/^.*INFO /$name: /" | tee -a "$summary"
+    return $rc
 }
 refs=references=.gpudata/multi30k/test_2016_flickr.de.gz
-[ $smoke = 1 ] && refs=references=/tmp/test100.de && python -c "import gzip, sys; \
+[ $smoke = 1 ] && refs=references=$work/test100.de && python -c "import gzip, sys; \
     sys.stdout.writelines(gzip.open(sys.argv[1], 'rt').readlines()[:100])" \
-    .gpudata/multi30k/test_2016_flickr.de.gz > /tmp/test100.de
-translate gpu_fp32 device="$device" precision=fp32 decode.beam_size=5 decode.max_tokens=16000 "$refs"
-translate gpu_bf16 device="$device" precision=bf16 decode.beam_size=5 decode.max_tokens=16000 "$refs"
-translate cpu_fp32 device=cpu precision=fp32 decode.beam_size=5 decode.max_tokens=16000 "$refs"
-python - /tmp/hyp.gpu_fp32 /tmp/hyp.gpu_bf16 /tmp/hyp.cpu_fp32 <<'PY' | tee -a "$summary"
+    .gpudata/multi30k/test_2016_flickr.de.gz > "$work/test100.de"
+decoded=1
+translate gpu_fp32 device="$device" precision=fp32 decode.beam_size=5 decode.max_tokens=16000 "$refs" || decoded=0
+translate gpu_bf16 device="$device" precision=bf16 decode.beam_size=5 decode.max_tokens=16000 "$refs" || decoded=0
+translate cpu_fp32 device=cpu precision=fp32 decode.beam_size=5 decode.max_tokens=16000 "$refs" || decoded=0
+# (compared only when all three decoded in this run)
+[ $decoded = 1 ] && python - "$work/hyp.gpu_fp32" "$work/hyp.gpu_bf16" "$work/hyp.cpu_fp32" <<'PY' | tee -a "$summary"
 import sys
 gpu32, bf16, cpu = (open(f).read().splitlines() for f in sys.argv[1:])
 for name, hyps in (("gpu fp32 (TF32)", gpu32), ("gpu bf16", bf16)):
@@ -138,8 +159,8 @@ done
 step "training throughput vs peers ($shapes)"
 for shape in $shapes; do
     profile=; [ $shape = base ] && profile=--profile  # where the base step's GPU time goes
-    python benchmarks/peers/train_peers.py --device "$device" --shape $shape $peer_args $profile \
-        >> "$out/train_peers.log" 2>&1
+    must "train_peers $shape" python benchmarks/peers/train_peers.py --device "$device" --shape $shape $peer_args \
+        $profile >> "$out/train_peers.log" 2>&1
     grep -A8 "^shape $shape" "$out/train_peers.log" | grep -E "^shape|^matmul|^this project|^HF|^torch" \
         | tee -a "$summary"
 done
@@ -148,16 +169,23 @@ step "torchrun --nproc_per_node=1 (the launcher on one GPU) and a one-rank NCCL 
 nccl_backend=nccl
 [ "$device" = cpu ] && nccl_backend=gloo
 {
-    python -m torch.distributed.run --standalone --nproc_per_node=1 train.py +experiment=multi30k_en_de_gpu \
-        model=transformer_tiny train.device="$device" train.max_updates=30 train.max_time=0 train.valid_every=0 \
-        train.progress=false run_dir=/tmp/gpu_torchrun 2>&1 | grep -E "device|process group|stopped|error"
-    cat > /tmp/one_rank.py <<PY
+    must torchrun python -m torch.distributed.run --standalone --nproc_per_node=1 train.py \
+        +experiment=multi30k_en_de_gpu model=transformer_tiny train.device="$device" train.max_updates=30 \
+        train.max_time=0 train.valid_every=0 train.progress=false run_dir="$work/torchrun" > "$work/torchrun.log" 2>&1
+    grep -E "device|process group|stopped|error" "$work/torchrun.log"
+    cat > "$work/one_rank.py" <<PY
 import torch, torch.distributed as d
 d.init_process_group("$nccl_backend"); t = torch.ones(4, device="$device"); d.all_reduce(t)
 print("all_reduce over", d.get_backend(), "on", t.device, "gives", t.tolist()); d.destroy_process_group()
 PY
-    python -m torch.distributed.run --standalone --nproc_per_node=1 /tmp/one_rank.py 2>&1 | grep -v "^W"
+    must "all_reduce" python -m torch.distributed.run --standalone --nproc_per_node=1 "$work/one_rank.py" \
+        > "$work/one_rank.log" 2>&1
+    grep -v "^W" "$work/one_rank.log"
 } > "$out/torchrun.log" 2>&1
 tail -6 "$out/torchrun.log" | tee -a "$summary"
-cp $run_dir/*.report.md "$out/" 2>/dev/null
+cp "$run_dir"/*.report.md "$out/" 2>/dev/null
 date -u | tee -a "$summary"
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED steps: ${failed[*]}" | tee -a "$summary" >&2
+    exit 1
+fi

@@ -223,6 +223,26 @@ def _glossary_ct2(c, r, t):
     return [f"checkpoint={t / 'ct2'}", f"glossary={glossary}", "decode.beam_size=2"], None
 
 
+def _release_without_pretokenize(c, r, t):
+    """A release of a run that says tokenizer.pretokenize=moses, without the pretokenize.json beside its tokenizer."""
+    p = run(["-m", "mt.export", "release", str(r), str(t / "release")])
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    config = json.loads((t / "release" / "config.json").read_text())
+    config["config"]["tokenizer"]["pretokenize"] = "moses"
+    write(t / "release" / "config.json", json.dumps(config))
+    return [f"checkpoint={t / 'release'}"], "a dog\n"
+
+
+def _legacy_moses_prefix(c, r, t):
+    """A copy of the run as a Moses model of before the joiner marks, asked for a prefix Moses would give back
+    changed ("geht's" as "geht 's")."""
+    ckpt = torch.load(r / "checkpoint_best.pt", weights_only=False)
+    ckpt["tokenizer"]["pretokenize"] = {"kind": "moses", "src_lang": "en", "tgt_lang": "de"}
+    torch.save(ckpt, t / "legacy.pt")
+    prefixes = write(t / "prefixes.txt", "x\ngeht's\n")
+    return [f"checkpoint={t / 'legacy.pt'}", f"prefix={prefixes}"], "a dog\nthe cat\n"
+
+
 HELD: list = []  # sockets kept open while the row runs
 
 
@@ -468,6 +488,8 @@ ROWS = [
         _args("tokenizer.pretokenize=moses", "data.directions=[xx-yy]"),
         "tokenizer.pretokenize=moses tokenizes one source and one target language",
     ),
+    ("release_without_pretokenize", "translate", _release_without_pretokenize, "pretokenize.json is missing"),
+    ("prefix_moses_would_change", "translate", _legacy_moses_prefix, 'prefixes.txt:2: the prefix "geht\'s" would'),
     # mt.compare
     (
         "compare_line_counts",

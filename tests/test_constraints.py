@@ -82,6 +82,39 @@ def oracle(**kw):
     return DecodeConfig(use_cache=False, max_len_a=0.0, max_len_b=10, length_penalty=0.0, **kw)
 
 
+def _in_order(phrases: list[list[int]], tokens: list[int], boundary: frozenset[int] | None) -> int:
+    """The reference for ordered phrases: each found at its earliest place after the one before ends, whole words
+    (followed by a boundary token, or the end) when `boundary` is given; how many are found in turn."""
+    pos, found = 0, 0
+    for phrase in phrases:
+        whole = lambda end: boundary is None or end == len(tokens) or tokens[end] in boundary  # noqa: E731
+        ends = (i + len(phrase) for i in range(pos, len(tokens) - len(phrase) + 1)
+                if tokens[i : i + len(phrase)] == phrase and whole(i + len(phrase)))  # fmt: skip
+        end = next(ends, None)
+        if end is None:
+            break
+        pos, found = end, found + 1
+    return found
+
+
+def test_ordered_phrases_never_overlap_fuzzed():
+    """Before: ["cat dog", "dog bird"] in order was met by "cat dog bird" (the second phrase began inside the first;
+    a fuzz found 170 over-counts in 20,000 cases), against the rule that ordered phrases come one after the
+    other. Fuzzed against `_in_order`, with and without word boundaries."""
+    import random
+
+    cat, dog, bird = 5, 6, 7
+    assert Constraints([[cat, dog], [dog, bird]], ordered=True).count_met([cat, dog, bird]) == 1
+    assert Constraints([[cat, dog], [dog, bird]], ordered=True).count_met([cat, dog, dog, bird]) == 2
+    rng = random.Random(0)
+    for case in range(20_000):
+        boundary = frozenset({5, 6}) if case % 2 else None  # tokens 5 and 6 begin words, 7 and 8 continue them
+        phrases = [[rng.randint(5, 8) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 3))]
+        tokens = [rng.randint(5, 8) for _ in range(rng.randint(0, 10))]
+        rule = Constraints(phrases, ordered=True, boundary=boundary)
+        assert rule.count_met(tokens) == _in_order(phrases, tokens, boundary), (phrases, tokens, boundary)
+
+
 def run_oracle(phrases, ordered=False, **kw):
     src = torch.tensor([[7, 8, EOS]])
     rule = Constraints(phrases, ordered)
@@ -215,6 +248,29 @@ def test_merging_a_large_glossary_is_linear():
     merged = server.merged(request)
     assert time.perf_counter() - start < 2.0  # (before: 9 s; now the compile of one pattern, ~0.2 s)
     assert len(merged) == 24_000 and merged.find("term7 and word3 and term8") == ["mine", "W3", "T8"]
+
+
+def test_a_glossary_stacked_on_another_finds_what_their_merge_finds():
+    """A request's glossary over the server's is matched on its own (`Stacked`, so that a one-term request does not
+    recompile a 20,000-term server glossary): the terms found are those of the one merged pattern, longest first
+    where terms overlap, the top one's target where both have a term; fuzzed over random terms and lines."""
+    import random
+
+    from mt.decode.terminology import Stacked
+
+    rng = random.Random(0)
+    words = ["a", "b", "c", "ab", "d"]
+    phrase = lambda n: " ".join(rng.choice(words) for _ in range(n))  # noqa: E731
+    for case in range(2_000):
+        ignore_case = case % 2 == 1
+        base = Glossary({phrase(rng.randint(1, 3)): f"S{i}" for i in range(rng.randint(1, 6))}, ignore_case)
+        top = Glossary({phrase(rng.randint(1, 3)): f"R{i}" for i in range(rng.randint(1, 4))}, ignore_case)
+        stacked = base.merged(top)
+        merged = Glossary({**base.terms, **top.terms}, ignore_case)
+        line = phrase(rng.randint(1, 8))
+        line = line.upper() if ignore_case and case % 4 == 1 else line
+        assert isinstance(stacked, Stacked) and stacked.find(line) == merged.find(line), (base.terms, top.terms)
+        assert len(stacked) == len(merged)
 
 
 def test_a_glossary_file_with_two_translations_of_a_term_is_refused_naming_both_lines(tmp_path):

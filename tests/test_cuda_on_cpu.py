@@ -456,7 +456,8 @@ def test_ctranslate2_decodes_on_the_cuda_device_it_is_given(monkeypatch, tmp_pat
 
     seen = {}
     monkeypatch.setattr(ctranslate2, "Translator", lambda path, **kw: seen.update(kw))
-    monkeypatch.setattr(mt.decode.ct2, "load_run_vocabs", lambda cfg, path: None)
+    monkeypatch.setattr(mt.decode.ct2.saved, "tokenizer_files", lambda path, config: None)
+    monkeypatch.setattr(mt.decode.ct2.Vocabs, "from_json", lambda d: None)
     (tmp_path / "mt.json").write_text('{"model_args": {"model": {}}, "config": {}, "quantization": null}')
     mt.decode.ct2.CTranslate2Model(tmp_path, torch.device("cuda", 1), threads=1)
     assert seen["device"] == "cuda" and seen["device_index"] == 1
@@ -501,3 +502,43 @@ def test_deterministic_training_turns_on_deterministic_algorithms(toy_corpus, tm
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("failing", ["", "translate.py"])
+def test_the_gpu_kit_fails_loudly_and_writes_into_its_own_folder(tmp_path, failing):
+    """benchmarks/gpu_kit.sh run, with a stand-in python that fails `failing`'s steps. Before: the kit exited 0
+    whatever failed, and compared hypotheses at fixed /tmp paths, which on a reused machine were an earlier run's.
+    Now every step still runs, each failure is named in summary.txt and the kit exits 1; what it writes besides
+    its output folder goes to a folder of its own."""
+    import gzip
+    import os
+    import shutil
+
+    root = tmp_path / "repo"
+    (root / "benchmarks").mkdir(parents=True)
+    shutil.copy(ROOT / "benchmarks" / "gpu_kit.sh", root / "benchmarks")
+    (root / ".gpudata" / "multi30k").mkdir(parents=True)
+    for split in ("train", "val", "test_2016_flickr"):
+        for lang in ("en", "de"):
+            with gzip.open(root / ".gpudata" / "multi30k" / f"{split}.{lang}.gz", "wt") as f:
+                f.write("a line\n")
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    fail = f'  *{failing}*) echo "stand-in failure" >&2; exit 3;;\n' if failing else ""
+    (stub / "python").write_text(f'#!/bin/sh\ncase "$*" in\n{fail}  *) exit 0;;\nesac\n')
+    (stub / "python").chmod(0o755)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "PATH": f"{stub}:{os.environ['PATH']}", "TMPDIR": str(tmp_path / "tmp")}
+    env.pop("OUT", None)
+    p = subprocess.run(["bash", str(root / "benchmarks" / "gpu_kit.sh"), "run", str(tmp_path / "out"), "--device",
+                        "cpu"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    summary = (tmp_path / "out" / "summary.txt").read_text()
+    assert [d.name[:8] for d in (tmp_path / "tmp").iterdir()] == ["gpu_kit."]  # the run's own folder
+    if not failing:
+        assert p.returncode == 0 and "FAILED" not in summary, summary
+        return
+    assert p.returncode == 1, p.stderr[-2000:]
+    names = ("gpu_fp32", "gpu_bf16", "cpu_fp32", "speed_5_1500", "speed_greedy_16000")
+    assert all(f"FAILED: translate {name} (exit 3)" in summary for name in names), summary
+    assert "FAILED steps: translate gpu_fp32" in summary and "training throughput" in summary  # the rest ran
+    assert "identical" not in summary  # failed decodes are not compared

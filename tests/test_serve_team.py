@@ -119,14 +119,21 @@ def test_a_key_file_splits_at_the_first_colon_and_refuses_short_keys_without_pri
 
 def test_the_access_log_escapes_what_a_caller_sends(toy, caplog):
     """Before: uvicorn hands the path over percent-decoded, and "/%0A..." wrote a forged second line (caller
-    "admin", status 200); an ESC would drive a terminal. Now control characters are escaped in every field."""
+    "admin", status 200); an ESC would drive a terminal; "%22%20200" closed the quoted request inside the line and
+    wrote a status of the caller's choosing. Now control characters, quotes and spaces are escaped in every field
+    (as nginx escapes them): a line holds one quoted request and one status."""
     app, _ = _app(toy)
     forged = "/%0A2026-01-01T00:00:00Z%20admin%20127.0.0.1%20%22POST%20/translate%22%20200%1B[2J"
+    quoted = "/x%22%20200%20sentences=9%20tokens=9%20%22"
     with TestClient(app) as client, caplog.at_level("INFO", logger="mt.access"):
-        assert client.get(forged).status_code == 404
-    (line,) = [r.getMessage() for r in caplog.records if r.name == "mt.access"]
-    assert "\n" not in line and "\x1b" not in line and line.count(" 404 ") == 1
-    assert '"GET /\\x0a2026-01-01T00:00:00Z admin 127.0.0.1 "POST /translate" 200\\x1b[2J" 404' in line
+        assert client.get(forged).status_code == 404 and client.get(quoted).status_code == 404
+    first, second = [r.getMessage() for r in caplog.records if r.name == "mt.access"]
+    assert "\n" not in first and "\x1b" not in first and first.count(" 404 ") == 1
+    assert (
+        '"GET /\\x0a2026-01-01T00:00:00Z\\x20admin\\x20127.0.0.1\\x20\\x22POST\\x20/translate\\x22\\x20200\\x1b[2J" 404'
+        in first
+    )
+    assert second.count('"') == 2 and second.count(" 404 ") == 1 and "sentences=9" not in second.split('"')[2]
 
 
 def test_rate_limits_429_with_retry_after_per_caller_then_recovery(toy, tmp_path, monkeypatch):

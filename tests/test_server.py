@@ -445,6 +445,96 @@ def test_a_large_request_glossary_holds_up_no_one(toy_vocab):
         assert r.status_code == 413 and r.json()["error"].startswith("glossary: 101 terms, more than max_glossary")
 
 
+def test_a_request_glossary_does_not_recompile_the_servers(toy_vocab, monkeypatch):
+    """Before: each request with its own one-term glossary rebuilt and recompiled the merge with a 20,000-term server
+    glossary (3-5 s of CPU each), and a plain request sent beside three of them took 5.5 s instead of 0.15 s. Now
+    the server's pattern is compiled once at load and the request's terms are matched on their own: no glossary
+    of more than the request's terms is built while requests are served, the request's terms apply, and the
+    plain request is answered at once (the merge's semantics: test_constraints.py)."""
+    import time
+
+    from mt.decode import terminology
+
+    with _glossary_client(toy_vocab, server_terms=20_000) as client:
+        built = []
+        init = terminology.Glossary.__init__
+        monkeypatch.setattr(terminology.Glossary, "__init__",
+                            lambda self, terms, ignore_case=False: (built.append(len(terms)),
+                                                                    init(self, terms, ignore_case))[1])  # fmt: skip
+        with ThreadPoolExecutor(4) as pool:
+            body = {"src": ["the cat sees a dog"], "glossary": {"cat": "house"}}
+            glossed = [pool.submit(client.post, "/translate", json=body) for _ in range(3)]
+            time.sleep(0.05)
+            start = time.perf_counter()
+            assert client.post("/translate", json={"src": ["a dog"]}).status_code == 200
+            plain = time.perf_counter() - start
+            answers = [g.result(timeout=60) for g in glossed]
+    assert all(a.status_code == 200 for a in answers)
+    assert built and max(built) == 1, built  # the request's own term, never the server's 20,000 again
+    assert "house" in answers[0].json()["translations"][0].split()
+    assert plain < 2.0, f"a plain request took {plain:.2f} s beside glossary requests"
+
+
+def test_a_request_glossary_ignores_case_as_the_server_says(toy_vocab):
+    """Before: glossary_ignore_case=true applied to a server glossary file only; a request's own terms matched
+    case-sensitively when the server had no file."""
+    with _glossary_client(toy_vocab, glossary_ignore_case=True) as client:
+        r = client.post("/translate", json={"src": ["the cat sees a dog"], "glossary": {"CAT": "house"}})
+        assert r.status_code == 200 and "house" in r.json()["translations"][0].split(), r.json()
+
+
+def _recorded_encodes(monkeypatch) -> list[tuple[int, bool]]:
+    """(characters, on an event loop) of every source encode from now on."""
+    import asyncio
+
+    from mt.data.tokenizer import Vocab
+
+    calls, encode = [], Vocab.encode_batch
+
+    def recorded(self, texts):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        calls.append((sum(map(len, texts)), on_loop))
+        return encode(self, texts)
+
+    monkeypatch.setattr(Vocab, "encode_batch", recorded)
+    return calls
+
+
+def test_an_oversized_request_is_refused_before_it_is_encoded_and_charged(toy_vocab, monkeypatch):
+    """Before: the whole body was encoded (with Moses, ~8 s of GIL-holding Python for a 960 KB line) before
+    max_request_tokens was checked, the refused work was not charged to the caller, and the lines were encoded
+    again on the event loop. Now a body far over the cap is refused by counting its words (each at least one
+    token) or its characters (a token covers at most the vocabulary's longest token), before any encode; the
+    count is charged to the caller's tokens_per_minute; and every encode runs in a thread, once."""
+    calls = _recorded_encodes(monkeypatch)
+    with _glossary_client(toy_vocab, max_request_tokens=100, tokens_per_minute=5_000) as client:
+        calls.clear()  # (the toy model's training)
+        for line in ("the cat sees a dog " * 50_000, "thecat" * 160_000):  # 960 KB: words, then one long word
+            r = client.post("/translate", json={"src": [line]})
+            assert r.status_code == 413 and r.json()["error"].startswith("src: at least "), r.json()
+            assert "more than max_request_tokens=100" in r.json()["error"]
+        assert calls == []  # refused without encoding
+        r = client.post("/translate", json={"src": ["a dog"]})
+        assert r.status_code == 429 and "tokens_per_minute=5000" in r.json()["error"]  # the refused work was charged
+    calls.clear()
+    with _glossary_client(toy_vocab, max_request_tokens=100) as client:
+        calls.clear()
+        over = ["thecatseesadog"] * 40  # 80 words and </s> (under the cap), 16 lines of them already over it
+        r = client.post("/translate", json={"src": over})
+        assert r.status_code == 413 and r.json()["error"].startswith("src: at least "), r.json()
+        assert [c for c, _ in calls] == [16 * len(over[0])]  # counting stopped at the cap
+        calls.clear()
+        lines = ["the cat sees a dog", "a big red house"]
+        assert client.post("/translate", json={"src": lines}).status_code == 200
+        assert [c for c, _ in calls] == [sum(map(len, lines))]  # encoded once
+        assert client.post("/translate", json={"src": ["the cat. a dog."], "split": True}).status_code == 200
+    assert calls and not any(on_loop for _, on_loop in calls), calls
+
+
 def test_a_request_that_fails_its_decode_fails_alone(toy_vocab, monkeypatch):
     """Before: the worker set one request's exception on every request batched with it (500s for all, tracebacks
     in the log). Now the batch is decoded again request by request: the innocent ones get their translations, the

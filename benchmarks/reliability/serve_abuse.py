@@ -1,6 +1,6 @@
 """Hostile requests against serve.py on loopback (issue 63): what each does to the requests beside it.
 
-    python benchmarks/reliability/serve_abuse.py RUN_DIR [--root CHECKOUT] [--out results.json]
+    python benchmarks/reliability/serve_abuse.py RUN_DIR [--root CHECKOUT] [--moses MOSES_RUN] [--out results.json]
 
 Starts `serve.py` of CHECKOUT (default: this one; give an older checkout to measure before a fix) with API keys, a
 server glossary of 4,000 terms, beam 4 and batch_wait_ms=300, and a second one on a CTranslate2 export of the run.
@@ -10,7 +10,11 @@ For each hostile request it prints its status and time, and the latency of a /he
   1. a POST whose "glossary" has 20,000 terms (329 KB), and one of 1,000 (max_glossary_terms' default);
   2. on the CTranslate2 export, a request with "constraints" and an ordinary request in the same batch;
   4. a GET whose path forges an access-log line (caller "admin", status 200); the server's log is searched for it;
-  6. one line of 900 sentences with "split": true and beam_size 16.
+  6. one line of 900 sentences with "split": true and beam_size 16;
+  7. on a server with a 20,000-term glossary, three requests each with a one-term "glossary" of its own, and an
+     ordinary request sent beside them;
+  8. with `--moses MOSES_RUN` (a run with tokenizer.pretokenize=moses), on a server of that run: a request of one
+     960 KB line (over max_request_tokens), and one of 64 lines just over the cap (~5,000 tokens).
 
 Every loop is bounded: each request has a 120 s timeout, each server is stopped at the end.
 """
@@ -89,11 +93,29 @@ def batch_mates(url: str) -> dict:
             "ordinary_ms": 1000 * out["ordinary"][1]}  # fmt: skip
 
 
+def glossary_requests(url: str, n: int = 3) -> dict:
+    """`n` requests with a one-term glossary of their own, and an ordinary request 0.05 s after them."""
+    out: list = []
+    body = {"src": [LINE], "glossary": {"ladder": "Leiter"}}
+    threads = [threading.Thread(target=lambda: out.append(timed("POST", url + "/translate", body))) for _ in range(n)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.05)
+    ordinary = timed("POST", url + "/translate", {"src": [LINE]})
+    for thread in threads:
+        thread.join(timeout=130)
+    health = timed("GET", url + "/health")
+    return {"hostile_status": ",".join(str(s) for s, _ in out), "hostile_s": max((t for _, t in out), default=0),
+            "health_status": health[0], "health_ms": 1000 * health[1], "ordinary_status": ordinary[0],
+            "ordinary_ms": 1000 * ordinary[1]}  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
     ap.add_argument("--root", type=Path, default=ROOT, help="the checkout whose serve.py to start")
     ap.add_argument("--out", type=Path, help="also write the rows as JSON")
+    ap.add_argument("--moses", help="a run dir with tokenizer.pretokenize=moses, for the rows of finding 8")
     args = ap.parse_args()
     root, tmp = args.root.resolve(), Path(tempfile.mkdtemp())
     (tmp / "keys.txt").write_text(f"bench:{KEY}\n")
@@ -113,6 +135,25 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+    (tmp / "glossary20k.tsv").write_text("".join(f"term{i}\tBegriff{i}\n" for i in range(20_000)))
+    proc, url = start(root, args.checkpoint, [*common, f"glossary={tmp / 'glossary20k.tsv'}"], tmp / "g20k.log")
+    try:
+        rows["7 quiet (20,000-term glossary)"] = quiet(url)
+        rows["7 three 1-term glossary requests"] = glossary_requests(url)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    if args.moses:
+        proc, url = start(root, args.moses, common, tmp / "moses.log")
+        try:
+            rows["8 quiet (Moses)"] = quiet(url)
+            huge = {"src": [("A man, in a blue shirt (on a ladder): " * 25_000)[:960_000]]}
+            rows["8 Moses: one 960 KB line"] = beside(url, "POST", "/translate", huge, 0.05)
+            over = {"src": ["A man, in a blue shirt (on a ladder): " * 7] * 64}  # ~5,000 tokens in 64 lines
+            rows["8 Moses: 64 lines just over the cap"] = beside(url, "POST", "/translate", over, 0.05)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
     log = (tmp / "server.log").read_text()
     rows["4 forged log line"]["forged_line_in_log"] = any(
         line.startswith("2026-01-01T00:00:00Z admin") for line in log.splitlines()

@@ -11,6 +11,14 @@ the batched/alone throughput ratio.
 
     python benchmarks/reliability/serve_load.py RUN_DIR --team --clients 8 --requests 12 [--limit 120] [--greedy-s 20]
 
+    python benchmarks/reliability/serve_load.py RUN_DIR --compare OTHER_CHECKOUT [--ab] [--keys] [--repeats 2]
+
+The same load on this checkout's serve.py and on another checkout's (e.g. a `git worktree` of an older commit),
+both started at once and measured in turn, row by row, so that the host's speed drifts alike for both: requests/s
+and p99 of each and their ratio. `--ab` sends the load with ApacheBench (apt install apache2-utils; C, so the
+clients take little of the CPU the servers share): `--requests` in all per row, each the same body of
+`--sentences` sentences. `--keys`: both servers with an api_keys file, the clients sending a key.
+
 A server a team exposes (issue 45): the same load on a keyless server and on one with `api_keys` and
 `requests_per_minute=LIMIT`, the clients sending one key that stays under its limit (the throughput ratio of the
 two is the cost of keys and limits); then one client with another key sends as fast as it can for `--greedy-s`
@@ -96,7 +104,77 @@ def load(port: int, sentences: list[str], clients: int, requests: int, max_secon
     seconds = time.perf_counter() - start
     q = statistics.quantiles(latencies, n=100) if len(latencies) > 1 else [latencies[0]] * 99
     return {"requests": len(latencies), "sentences_per_s": n_sentences[0] / seconds, "p50_ms": 1000 * q[49],
-            "p99_ms": 1000 * q[98], "errors": errors[0]}  # fmt: skip
+            "p99_ms": 1000 * q[98], "errors": errors[0], "seconds": seconds}  # fmt: skip
+
+
+def ab_load(port: int, body: dict, clients: int, requests: int, headers: dict | None = None) -> dict:
+    """ApacheBench posting `body` `requests` times from `clients` concurrent connections: its figures."""
+    import json
+    import re
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(body, f)
+    extra = [a for k, v in (headers or {}).items() for a in ("-H", f"{k}: {v}")]
+    cmd = ["ab", "-q", "-n", str(requests), "-c", str(clients), "-p", f.name, "-T", "application/json", *extra,
+           f"http://127.0.0.1:{port}/translate"]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600).stdout
+    Path(f.name).unlink()
+    number = lambda pattern: float(re.search(pattern, out, re.M).group(1))  # noqa: E731
+    non_2xx = re.search(r"^Non-2xx responses:\s+(\d+)", out, re.M)
+    errors = int(number(r"^Failed requests:\s+(\d+)")) + (int(non_2xx.group(1)) if non_2xx else 0)
+    per_s = number(r"^Requests per second:\s+([\d.]+)")
+    return {"requests": requests, "requests_per_s": per_s, "sentences_per_s": per_s * len(body["src"]),
+            "p50_ms": number(r"^\s+50%\s+(\d+)"), "p99_ms": number(r"^\s+99%\s+(\d+)"), "errors": errors}  # fmt: skip
+
+
+def compare(args, sentences: list[str]) -> None:
+    """The --compare run (see the module docstring): this checkout's server and another's, row by row in turn."""
+    import shutil
+    import tempfile
+
+    if args.ab and shutil.which("ab") is None:
+        sys.exit("--ab: ApacheBench not found; apt-get install apache2-utils, or drop --ab")
+    tmp = Path(tempfile.mkdtemp())
+    extra, headers = ["access_log=false"], None
+    if args.keys:
+        (tmp / "keys.txt").write_text("load:load-key-0123456789\n")
+        extra, headers = [*extra, f"api_keys={tmp / 'keys.txt'}"], {"x-api-key": "load-key-0123456789"}
+    roots = {"this": ROOT, "other": args.compare.resolve()}
+    ports = {name: free_port() for name in roots}
+    servers = {name: start_server(args.checkpoint, ports[name], [*args.server, *extra], root, tmp / f"{name}.log")
+               for name, root in roots.items()}  # fmt: skip
+    body = {"src": random.Random(0).sample(sentences, args.sentences)}
+    rows: dict[tuple[str, int], list[dict]] = {}
+    try:
+        for name in roots:  # warm-up
+            load(ports[name], sentences, 2, 2, 30, seed=99, headers=headers)
+        for n in args.clients:
+            for _ in range(args.repeats):
+                for name in roots:
+                    if args.ab:
+                        r = ab_load(ports[name], body, n, args.requests, headers)
+                    else:
+                        r = load(ports[name], sentences, n, args.requests, args.max_seconds, seed=n, headers=headers)
+                        r["requests_per_s"] = r["requests"] / max(r.pop("seconds"), 1e-9)
+                    rows.setdefault((name, n), []).append(r)
+                    print(f"{name:5s} {n:3d} clients: {r['requests_per_s']:6.1f} requests/s, p50 {r['p50_ms']:6.0f} "
+                          f"ms, p99 {r['p99_ms']:6.0f} ms, errors {r['errors']}", flush=True)  # fmt: skip
+    finally:
+        for server in servers.values():
+            server.terminate()
+            server.wait(timeout=30)
+    print(f"\nthis: {ROOT}\nother: {roots['other']}")
+    print("| clients | this requests/s | other requests/s | this / other | this p99 ms | other p99 ms |")
+    print("|---|---|---|---|---|---|")
+    for n in args.clients:
+        mine, theirs = rows[("this", n)], rows[("other", n)]
+        speed = lambda rs: " / ".join(f"{r['requests_per_s']:.1f}" for r in rs)  # noqa: E731
+        p99 = lambda rs: " / ".join(f"{r['p99_ms']:.0f}" for r in rs)  # noqa: E731
+        ratio = statistics.mean(r["requests_per_s"] for r in mine) / statistics.mean(
+            r["requests_per_s"] for r in theirs
+        )
+        print(f"| {n} | {speed(mine)} | {speed(theirs)} | {ratio:.2f}x | {p99(mine)} | {p99(theirs)} |")
 
 
 def greedy(port: int, sentence: str, key: str, seconds: float) -> dict:
@@ -167,9 +245,18 @@ def main() -> None:
     ap.add_argument("--team", action="store_true", help="keys and a rate limit against no keys (see above)")
     ap.add_argument("--limit", type=int, default=120, help="--team: requests_per_minute of each key")
     ap.add_argument("--greedy-s", type=float, default=20, help="--team: how long the greedy key sends")
+    ap.add_argument("--compare", type=Path, help="another checkout whose serve.py takes the same load, in turn")
+    ap.add_argument("--ab", action="store_true", help="--compare: the load from ApacheBench (see above)")
+    ap.add_argument("--sentences", type=int, default=4, help="--ab: sentences in each request")
+    ap.add_argument("--keys", action="store_true", help="--compare: both servers with API keys")
+    ap.add_argument("--repeats", type=int, default=1, help="--compare: rows measured this many times each")
     args = ap.parse_args()
     with gzip.open(VAL, "rt", encoding="utf-8") as f:
         sentences = [line.strip() for line in f if line.strip()]
+    if args.compare is not None:
+        if not (args.compare / "serve.py").is_file():
+            sys.exit(f"--compare {args.compare}: no serve.py there; give a checkout of this project")
+        return compare(args, sentences)
     if args.team:
         if sum(args.clients) * args.requests + 4 > args.limit:
             sys.exit(f"--team: the steady key would send {sum(args.clients) * args.requests + 4} requests, over "

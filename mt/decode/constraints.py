@@ -21,7 +21,7 @@ constraints no hypothesis meets within its length limit is translated again with
 
 What differs from fairseq: the candidates and banks are kept on the host (the step already reads its candidates
 there), phrases are matched by a small state machine per line instead of a trie of token ids, a phrase must end at
-a word boundary, a completed phrase may overlap the next one, and a line whose constraints cannot be met falls back
+a word boundary, an unordered phrase may overlap another, and a line whose constraints cannot be met falls back
 to plain beam search rather than returning the best hypothesis that missed them.
 """
 
@@ -106,7 +106,11 @@ class Constraints:
                 break
             need, met_here = need[:j] + (0,) + need[j + 1 :], met_here | {self.phrases[j]}
         active = self.active(need)
-        for start in range(len(seq) + 1):  # the longest ending of seq that begins an active phrase: still going
+        first = 0
+        if self.ordered and met_here:  # the next phrase starts after this one's tokens (at its boundary token)
+            (p,) = met_here
+            first = len(seq) - (1 if p[-1] == BOUNDARY else 0)
+        for start in range(first, len(seq) + 1):  # the longest ending of seq that begins an active phrase: going
             part = seq[start:]
             if not part or any(len(p) > len(part) and self._matches(p, part) for p in active):
                 return need, tuple(t for t in part)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, cached_property
 from pathlib import Path
 
 from mt.config import ConfigError, DecodeConfig
@@ -42,8 +42,24 @@ class Glossary:
     def __init__(self, terms: dict[str, str], ignore_case: bool = False):
         self.ignore_case = ignore_case
         self.terms = {self._key(s): t for s, t in terms.items()}
-        alternatives = "|".join(re.escape(s) for s in sorted(self.terms, key=len, reverse=True))
-        self.pattern = re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)") if terms else None
+        self._alternatives = "|".join(re.escape(s) for s in sorted(self.terms, key=len, reverse=True))
+        self.pattern = re.compile(rf"(?<!\w)(?:{self._alternatives})(?!\w)") if terms else None
+
+    @cached_property
+    def starts(self) -> re.Pattern | None:
+        """The longest term at every place one starts (overlapping), for `Stacked`: compiled once, when first used
+        (a server compiles its glossary's at load)."""
+        return re.compile(rf"(?<!\w)(?=((?:{self._alternatives})(?!\w)))") if self.terms else None
+
+    def compile(self) -> None:
+        """Compile `starts` now (a server, at load, rather than in its first request with a glossary)."""
+        _ = self.starts
+
+    def longest_at(self, key: str) -> dict[int, tuple[int, str]]:
+        """{start: (end, target term)} of the longest term starting at each place in `key` (a `_key`ed line)."""
+        if self.starts is None:
+            return {}
+        return {m.start(): (m.end(1), self.terms[m.group(1)]) for m in self.starts.finditer(key)}
 
     def _key(self, term: str) -> str:
         return fold(term) if self.ignore_case else term
@@ -84,9 +100,13 @@ class Glossary:
             terms[src] = tgt
         return cls(terms, ignore_case)
 
-    def merged(self, other: Glossary) -> Glossary:
-        """This glossary with `other`'s terms on top (a request's terms over the server's); linear in the terms. The
-        result ignores case if either does."""
+    def merged(self, other: Glossary) -> Glossary | Stacked:
+        """This glossary with `other`'s terms on top (a request's terms over the server's). Where both compare
+        alike (`ignore_case`), a `Stacked` pair that matches each on its own and so compiles nothing new (a
+        request's few terms must not recompile a server's 20,000); else one glossary, linear in the terms, that
+        ignores case (either did)."""
+        if self.ignore_case == other.ignore_case:
+            return Stacked(self, other)
         ignore_case = self.ignore_case or other.ignore_case
         key = fold if ignore_case else (lambda term: term)
         return Glossary({**{key(s): t for s, t in self.terms.items()}, **{key(s): t for s, t in other.terms.items()}},
@@ -97,6 +117,31 @@ class Glossary:
         if self.pattern is None:
             return []
         found = (self.terms[m.group(0)] for m in self.pattern.finditer(self._key(line)))
+        return list(dict.fromkeys(found))
+
+
+class Stacked:
+    """A glossary over another (a request's over the server's), matched as their merge would be: left to right,
+    at each place the longest term of either, the top one's target where both have the term."""
+
+    def __init__(self, base: Glossary, top: Glossary):
+        self.base, self.top, self.ignore_case = base, top, base.ignore_case
+
+    def __len__(self) -> int:
+        return len(self.base) + sum(term not in self.base.terms for term in self.top.terms)
+
+    def find(self, line: str) -> list[str]:
+        key = self.base._key(line)
+        below, above = self.base.longest_at(key), self.top.longest_at(key)
+        found, pos = [], 0
+        for start in sorted(below.keys() | above.keys()):
+            if start < pos:  # inside the match before
+                continue
+            end, target = max(below.get(start, (0, "")), above.get(start, (0, "")), key=lambda m: m[0])
+            if above.get(start, (0,))[0] == end:  # the same term in both: the top one's target
+                target = above[start][1]
+            found.append(target)
+            pos = end
         return list(dict.fromkeys(found))
 
 

@@ -162,6 +162,15 @@ class Gate:
                                   "split the request")  # fmt: skip
         self._hit("tokens", caller, tokens)
 
+    def charge(self, caller: str, tokens: int) -> None:
+        """Count `tokens` of refused work (a request over max_request_tokens, counted before it was refused) against
+        the caller's tokens_per_minute, up to the whole minute's allowance, refusing nothing now."""
+        item = self.items.get("tokens")
+        if tokens and item is not None:
+            left = self.limiter.get_window_stats(item, caller).remaining  # (a hit over it would count nothing)
+            if left > 0:
+                self.limiter.hit(item, caller, cost=min(tokens, left))
+
     def _hit(self, kind: str, caller: str, cost: int) -> None:
         item = self.items.get(kind)
         if item is None or self.limiter.hit(item, caller, cost=cost):

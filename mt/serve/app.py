@@ -23,14 +23,7 @@ from mt.serve.batching import BadRequest, Batcher
 from mt.serve.http import BodyLimit, Guarded, Observed
 from mt.serve.metrics import Metrics
 from mt.serve.models import Served, pick
-from mt.serve.requests import (
-    TranslateRequest,
-    request_constraints,
-    request_decode,
-    request_sources,
-    request_split,
-    request_terms,
-)
+from mt.serve.requests import TranslateRequest, prepare, request_constraints, request_decode, request_terms
 
 log = logging.getLogger(__name__)
 PAGE = (Path(__file__).parent / "page.html").read_text(encoding="utf-8")
@@ -52,6 +45,8 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
                                  cfg.batch_tokens, cfg.max_queue_tokens, cfg.request_timeout_s,
                                  observe=metrics.batch_observer(served.name))  # fmt: skip
         metrics.add_model(served.name, served.info, lambda b=served.batcher: b.queued_tokens)
+        if served.translator.glossary is not None:  # a request's own glossary is matched beside the server's
+            served.translator.glossary.compile()  # (mt.decode.terminology.Stacked): compiled once, here
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -127,13 +122,15 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
         request_terms(req, own, translator, decode)
         # Off the event loop from here (sentence splitting, glossary matching): a large request must not hold up
         # the others, nor /health.
-        doc = await asyncio.to_thread(request_split, req, translator, decode, own)
-        lines = doc.sentences if doc is not None else req.src
-        src_ids, prefixes, warnings = request_sources(req, lines, own, translator, decode)
-        tokens = sum(len(s) + 1 for s in src_ids)
+        try:
+            p = await asyncio.to_thread(prepare, req, translator, decode, own)
+        except BadRequest as e:  # a request refused for its size pays for the counting it caused
+            gate.charge(request.state.who, e.cost)
+            raise
+        doc, lines, src_ids, prefixes, warnings, tokens = p.doc, p.lines, p.src_ids, p.prefixes, p.warnings, p.tokens
         request.state.sentences, request.state.tokens = len(src_ids), tokens  # (the access log)
         gate.count_tokens(request.state.who, tokens)
-        rules = await asyncio.to_thread(request_constraints, req, lines, translator, decode)
+        rules = await asyncio.to_thread(request_constraints, req, lines, translator, decode, own.glossary_ignore_case)
         for i, pieces in doc.cut() if doc is not None else ():
             warnings.append(f"src[{i}]: a sentence over the model's {translator.limit} tokens, translated in {pieces} "
                             "pieces cut at clause boundaries (else between words)")  # fmt: skip

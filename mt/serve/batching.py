@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 class BadRequest(Exception):
     def __init__(self, status: int, message: str, headers: dict | None = None):
         self.status, self.message, self.headers = status, message, headers
+        self.cost = 0  # source tokens of work done before the refusal, charged to the caller's tokens_per_minute
 
 
 @dataclass

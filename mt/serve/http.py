@@ -94,11 +94,15 @@ class Guarded:
 def printable(value) -> str:
     """`value` as text safe for a log line: control and format characters (a newline that would start a forged
     line, the ESC of a terminal escape sequence, line and paragraph separators) as \\xNN or \\uNNNN escapes, and
-    the backslash itself escaped, so that every logged field is one line and can be told from its escapes."""
+    the backslash itself escaped, so that every logged field is one line and can be told from its escapes; and,
+    as nginx does, the double quote and the space (a percent-decoded path with them could close the quoted
+    request and write its own status and counters into the line)."""
     out = []
     for c in str(value):
         if c == "\\":
             out.append("\\\\")
+        elif c in ('"', " "):
+            out.append(f"\\x{ord(c):02x}")
         elif unicodedata.category(c) in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"):
             out.append(f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
         else:

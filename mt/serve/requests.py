@@ -3,6 +3,9 @@ sources, prefixes, constraints, sentences), each problem a one-line 4xx."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import cache
+
 from pydantic import BaseModel, ConfigDict
 
 from mt.config import ConfigError, DecodeConfig, ServeConfig
@@ -31,52 +34,91 @@ class TranslateRequest(BaseModel):
     split: bool = False  # each line a paragraph: translated sentence by sentence, joined back (mt/decode/segment.py)
 
 
-def request_split(req: TranslateRequest, translator, decode: DecodeConfig, cfg: ServeConfig) -> Document | None:
-    """First the request's size: its source tokens, counted before anything is split or cut (a 100,000-character
-    line counts in full), over `max_request_tokens` is a 413. Then, with "split": the request's lines as sentences
-    (what a split line cannot have is a 422). Without it, where a line is over the model's positions: the lines as
-    they are, that one in pieces (not cut short), unless the request has what belongs to a whole line (n-best,
-    prefixes, constraints; then it is truncated with a warning). The sentences (or pieces) to decode are held to
-    `max_sentences`: a 413 beyond it."""
-    n_tokens = sum(len(ids) + 1 for ids in translator.vocabs.src.encode_batch(req.src))
-    if n_tokens > cfg.max_request_tokens:
-        raise BadRequest(413, f"src: {n_tokens} tokens, more than max_request_tokens={cfg.max_request_tokens}; "
-                              "split the request")  # fmt: skip
+def count_sources(vocab, lines: list[str], cap: int) -> list[list[int]]:
+    """The source ids of `lines`, counted (a line's tokens and its </s>) against `cap`, the request's token limit:
+    a 413 as soon as the count passes it, with the least work that can tell. First two bounds that encode nothing:
+    every whitespace-separated word is at least one token, and a token covers at most `span` characters (the
+    longest in the vocabulary, with room for normalization), so a body far over the cap is refused in
+    microseconds; then the lines are encoded a few at a time (Moses is pure Python: ~8 s for a 960 KB line) and
+    counting stops at the cap. The refused work goes with the error (`BadRequest.cost`: the caller is charged it)."""
+    words = sum(len(line.split()) for line in lines) + len(lines)
+    letters = sum(len(line) for line in lines) - sum(line.count(" ") for line in lines)
+    if words > cap or letters > cap * token_span(vocab):
+        raise too_many(max(words, letters // token_span(vocab)), cap, lower_bound=True)
+    ids, count = [], 0
+    for at in range(0, len(lines), 16):
+        chunk = vocab.encode_batch(lines[at : at + 16])
+        count += sum(len(i) + 1 for i in chunk)
+        if count > cap:
+            raise too_many(count, cap, lower_bound=at + 16 < len(lines))
+        ids += chunk
+    return ids
+
+
+def too_many(tokens: int, cap: int, lower_bound: bool) -> BadRequest:
+    at_least = "at least " if lower_bound else ""
+    e = BadRequest(413, f"src: {at_least}{tokens} tokens, more than max_request_tokens={cap}; split the request")
+    e.cost = tokens
+    return e
+
+
+@cache
+def token_span(vocab) -> int:
+    """The most characters of a request's text one token of `vocab` can stand for: its longest token (without the
+    word-start mark), times 3 for what NFC composition can fold into one character."""
+    return 3 * max(len(token.lstrip("\u2581")) for token in vocab.tokenizer.get_vocab())
+
+
+@dataclass
+class Prepared:
+    """What a request's text becomes before decoding (`prepare`)."""
+
+    doc: Document | None  # its sentences, when they are not its lines
+    lines: list[str]  # what is decoded: the sentences, or the lines
+    src_ids: list[list[int]]
+    prefixes: list[list[int]] | None
+    warnings: list[str]
+    tokens: int
+
+
+def prepare(req: TranslateRequest, translator, decode: DecodeConfig, cfg: ServeConfig) -> Prepared:
+    """A request's text, counted, split and encoded, in the thread it is called in (never the event loop: Moses
+    and sentence splitting are Python). First its size (`count_sources`: over `max_request_tokens` a 413, counted
+    before anything is split or cut: a 100,000-character line counts in full). Then, with "split": the request's
+    lines as sentences (what a split line cannot have is a 422). Without it, where a line is over the model's
+    positions: the lines as they are, that one in pieces (not cut short), unless the request has what belongs to
+    a whole line (n-best, prefixes, constraints; then it is truncated with a warning). The sentences (or pieces)
+    to decode are held to `max_sentences`: a 413 beyond it. The lines are encoded once when they are decoded as
+    they are."""
+    ids = count_sources(translator.vocabs.src, req.src, cfg.max_request_tokens)
     try:
+        target = translator.target_id(req.tgt_lang)
+        doc = None
         if req.split:
             refuse_with_split(decode, req.prefix, req.constraints)
             doc = translator.split(req.src, req.tgt_lang)
-        elif in_pieces(decode, req.prefix, req.constraints) and translator.too_long(req.src, req.tgt_lang):
+        elif in_pieces(decode, req.prefix, req.constraints) and any(len(i) > translator.limit - (target is not None)
+                                                                    for i in ids):  # fmt: skip
             doc = translator.split(req.src, req.tgt_lang, whole_lines=True)
-        else:
-            return None
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
-    if len(doc.sentences) > cfg.max_sentences:  # the limit holds for what is decoded, not for what was sent
+    if doc is not None and len(doc.sentences) > cfg.max_sentences:  # the limit holds for what is decoded
         raise BadRequest(413, f"src: {len(doc.sentences)} sentences once split, more than max_sentences="
                               f"{cfg.max_sentences}; send fewer")  # fmt: skip
-    return doc
-
-
-def request_sources(req: TranslateRequest, lines: list[str], cfg: ServeConfig, translator, decode: DecodeConfig):
-    """(source ids, prefix ids, warnings) of a request's `lines` (its sentences, or its lines as they are), a
-    multilingual model's target-language token first; a line still over the model's positions is truncated."""
-    try:
-        target = translator.target_id(req.tgt_lang)
-    except ConfigError as e:
-        raise BadRequest(422, str(e)) from None
-    src_ids = translator.vocabs.src.encode_batch(lines)
+    lines = doc.sentences if doc is not None else req.src
+    src_ids = translator.vocabs.src.encode_batch(lines) if doc is not None else ids
     warnings, room = [], translator.limit - (target is not None)  # (</s> takes the last position)
-    for i, ids in enumerate(src_ids):
-        if len(ids) > room:
-            warnings.append(f"src[{i}]: {len(ids)} tokens, truncated to the model's {room}")
-            src_ids[i] = ids[:room]
+    for i, line_ids in enumerate(src_ids):
+        if len(line_ids) > room:
+            warnings.append(f"src[{i}]: {len(line_ids)} tokens, truncated to the model's {room}")
+            src_ids[i] = line_ids[:room]
     if target is not None:
-        src_ids = [[target, *ids] if ids else ids for ids in src_ids]
+        src_ids = [[target, *line_ids] if line_ids else line_ids for line_ids in src_ids]
     try:
-        return src_ids, translator.encode_prefixes(req.prefix, src_ids, decode), warnings
+        prefixes = translator.encode_prefixes(req.prefix, src_ids, decode)
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
+    return Prepared(doc, lines, src_ids, prefixes, warnings, sum(len(s) + 1 for s in src_ids))
 
 
 def request_terms(req: TranslateRequest, cfg: ServeConfig, translator, decode: DecodeConfig) -> None:
@@ -92,13 +134,16 @@ def request_terms(req: TranslateRequest, cfg: ServeConfig, translator, decode: D
             raise BadRequest(422, str(e)) from None
 
 
-def request_constraints(req: TranslateRequest, lines: list[str], translator, decode: DecodeConfig):
+def request_constraints(req: TranslateRequest, lines: list[str], translator, decode: DecodeConfig,
+                        ignore_case: bool = False):  # fmt: skip
     """Each line's constraints: the request's phrases and the glossary terms (the server's, with the request's on
-    top) found in it. Linear in the terms; run off the event loop (a glossary's pattern is compiled here)."""
+    top, each matched on its own: the server's pattern is never compiled again) found in it. Linear in the
+    terms; run off the event loop (the request's own pattern is compiled here). `ignore_case`: the server's
+    `glossary_ignore_case`, for the request's terms too."""
     glossary = translator.glossary
     try:
         if req.glossary:
-            own = Glossary.from_pairs([(s, t, f"glossary[{s!r}]") for s, t in req.glossary.items()])
+            own = Glossary.from_pairs([(s, t, f"glossary[{s!r}]") for s, t in req.glossary.items()], ignore_case)
             glossary = glossary.merged(own) if glossary is not None else own
         return line_constraints(translator.vocabs.tgt, lines, req.constraints, glossary, decode, "constraints")
     except ConfigError as e:
