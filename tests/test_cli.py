@@ -67,6 +67,21 @@ def test_train_writes_everything(smoke_run):
 
 
 @needs_multi30k()
+def test_a_run_ends_saying_where_its_model_is_and_the_command_to_translate_with_it(smoke_run):
+    """The last lines of a run: the model's path, its test scores, and a command that, run as printed from where
+    train.py ran, translates (before: the run dir's name was only in docs/train.md)."""
+    last = [line.split(" - ", 1)[-1] for line in (smoke_run / "stderr.txt").read_text().strip().splitlines()[-3:]]
+    assert last[0] == f"the model: {smoke_run / 'checkpoint_final.pt'} (translate.py, the server and exports take " \
+                      f"the run dir {smoke_run})"  # fmt: skip
+    assert re.fullmatch(r"test test_2016_flickr: BLEU [\d.]+, lowercased BLEU [\d.]+, chrF [\d.]+ \(.*\)", last[1])
+    command = last[2].removeprefix("translate with it: ")
+    assert command.startswith("echo ") and f"python translate.py checkpoint={smoke_run}" in command
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    p = subprocess.run(command, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0 and p.stdout.strip(), p.stderr[-2000:]
+
+
+@needs_multi30k()
 def test_progress_false_means_no_progress_bars(smoke_run):
     stderr = (smoke_run / "stderr.txt").read_text()
     assert "training stopped" in stderr and "examples/s" not in stderr and "it/s" not in stderr

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import logging
 import math
+import shlex
 import time
 from dataclasses import asdict
+from pathlib import Path
 
 from mt.data import read
 from mt.decode.batched import encode_within_positions, translate_ids
@@ -49,7 +51,26 @@ def finish(trainer) -> dict:
     reports = evaluate_splits(trainer, trainer.cfg.data.test_splits, tag)
     if trainer.tc.init_from and trainer.tc.test_parent:  # the parent's domain: what fine-tuning kept of it
         reports += evaluate_splits(trainer, [], tag, extra=finetune.parent_test_splits(trainer.run_dir))
+    for line in where_it_went(run_dir, reports):
+        log.info("%s", line)
     return {"checkpoint": tag, "reports": reports}
+
+
+def where_it_went(run_dir: Path, reports: list[dict]) -> list[str]:
+    """The run's last lines: where the model is, its test scores, and the command that translates with it (a
+    sentence of its first test split as the example)."""
+    here = Path.cwd().resolve()
+    shown = run_dir.resolve()
+    shown = shown.relative_to(here) if shown.is_relative_to(here) else shown
+    lines = [f"the model: {shown / 'checkpoint_final.pt'} (translate.py, the server and exports take the run dir "
+             f"{shown})"]  # fmt: skip
+    lines += [f"test {r['name']}: BLEU {r['bleu']:.2f}, lowercased BLEU {r['bleu_lowercase']:.2f}, chrF "
+              f"{r['chrf']:.2f} ({r['name']}.report.md)" for r in reports]  # fmt: skip
+    example = next((x["source"] for r in reports for x in r["examples"]["best"]), "A dog runs on the beach.")
+    lines.append(
+        f"translate with it: echo {shlex.quote(example)} | python translate.py checkpoint={shlex.quote(str(shown))}"
+    )
+    return lines
 
 
 def final_candidates(run_dir, average_last: int) -> dict[str, dict]:
