@@ -271,7 +271,10 @@ class ServeConfig:
     # batch_tokens source tokens.
     batch_wait_ms: float = 5.0
     batch_tokens: int = 4000
-    batch_rows: int = 512  # decoder rows (sentences x beam or samples) one decode step holds at most
+    # Decoder rows (sentences x beam or samples) one decode holds at most; a batch over it is decoded in even parts.
+    # 1024 holds 32 clients' 4-sentence requests at beam 5 in one decode (512 cut them 102 + 26 sentences: 0.8x
+    # the requests/s, benchmarks/reliability/serve_load.py --compare).
+    batch_rows: int = 1024
     # Per request: larger ones get a 413 with a one-line error.
     max_sentences: int = 64  # counted after "split": true splits the lines into sentences
     max_glossary_terms: int = 1000  # terms in a request's own "glossary"

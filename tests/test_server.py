@@ -622,6 +622,19 @@ def test_split_sentences_count_against_max_sentences_and_batches_are_bounded_in_
     with _client_with(toy_vocab, batch_rows=8) as client:
         r = client.post("/translate", json={"src": src, "beam_size": 4})
     assert r.status_code == 200 and rows == [8, 8, 8]  # 6 lines x 4 beams in decodes of 2 lines
+    rows.clear()
+    with _client_with(toy_vocab, batch_rows=12) as client:  # 3 lines at most: even parts of 3, not 3 + 3 + ...
+        assert client.post("/translate", json={"src": src[:5], "beam_size": 4}).status_code == 200
+    assert rows == [12, 8]
+    rows.clear()
+    with _client_with(toy_vocab, batch_rows=16) as client:
+        assert client.post("/translate", json={"src": src[:5], "beam_size": 4}).status_code == 200
+    assert rows == [12, 8]  # (before: 16 + 4, a whole decode's steps for one line)
+    rows.clear()
+    with _client_with(toy_vocab) as client:  # the default holds 32 clients' 4-sentence requests at beam 5 at once
+        assert client.post("/translate", json={"src": ["a dog"] * 64, "beam_size": 5}).status_code == 200
+        assert client.post("/translate", json={"src": ["a dog"] * 64, "beam_size": 5}).status_code == 200
+    assert rows == [320, 320] and ServeConfig().batch_rows >= 32 * 4 * 5
     model = client.app.state.translator.model
     alone = decode_ids(model, vocabs_of(toy_vocab).src.encode_batch(src), DecodeConfig(beam_size=4),
                        torch.device("cpu"), None)  # fmt: skip

@@ -12,6 +12,7 @@ the batched/alone throughput ratio.
     python benchmarks/reliability/serve_load.py RUN_DIR --team --clients 8 --requests 12 [--limit 120] [--greedy-s 20]
 
     python benchmarks/reliability/serve_load.py RUN_DIR --compare OTHER_CHECKOUT [--ab] [--keys] [--repeats 2]
+        [--other-checkpoint CKPT]
 
 The same load on this checkout's serve.py and on another checkout's (e.g. a `git worktree` of an older commit),
 both started at once and measured in turn, row by row, so that the host's speed drifts alike for both: requests/s
@@ -142,7 +143,8 @@ def compare(args, sentences: list[str]) -> None:
         extra, headers = [*extra, f"api_keys={tmp / 'keys.txt'}"], {"x-api-key": "load-key-0123456789"}
     roots = {"this": ROOT, "other": args.compare.resolve()}
     ports = {name: free_port() for name in roots}
-    servers = {name: start_server(args.checkpoint, ports[name], [*args.server, *extra], root, tmp / f"{name}.log")
+    checkpoints = {"this": args.checkpoint, "other": args.other_checkpoint or args.checkpoint}
+    servers = {name: start_server(checkpoints[name], ports[name], [*args.server, *extra], root, tmp / f"{name}.log")
                for name, root in roots.items()}  # fmt: skip
     body = {"src": random.Random(0).sample(sentences, args.sentences)}
     rows: dict[tuple[str, int], list[dict]] = {}
@@ -246,6 +248,11 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=120, help="--team: requests_per_minute of each key")
     ap.add_argument("--greedy-s", type=float, default=20, help="--team: how long the greedy key sends")
     ap.add_argument("--compare", type=Path, help="another checkout whose serve.py takes the same load, in turn")
+    ap.add_argument(
+        "--other-checkpoint",
+        help="--compare: the same model as the other checkout reads it, when it "
+        "cannot read this checkout's (e.g. a copy without config keys it does not know)",
+    )
     ap.add_argument("--ab", action="store_true", help="--compare: the load from ApacheBench (see above)")
     ap.add_argument("--sentences", type=int, default=4, help="--ab: sentences in each request")
     ap.add_argument("--keys", action="store_true", help="--compare: both servers with API keys")

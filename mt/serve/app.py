@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import signal
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -157,11 +158,13 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
 
 
 def _decoder(translator, batch_rows: int):
-    """The decoding a model's worker calls (in a thread): the lines by length, in decodes of at most `batch_rows`
-    decoder rows (a line takes one per beam, or per sample), each stopped by `stop()` (mt.decode.batched.Stoppable)."""
+    """The decoding a model's worker calls (in its thread): the lines by length, in decodes of at most `batch_rows`
+    decoder rows (a line takes one per beam, or per sample) and of even size (a small last part would cost a whole
+    decode's steps for a few lines), each stopped by `stop()` (mt.decode.batched.Stoppable)."""
 
     def decode(src_ids, settings, prefixes, numbers, constraints, stop):
-        per = max(1, batch_rows // max(settings.beam_size, settings.nbest))
+        most = max(1, batch_rows // max(settings.beam_size, settings.nbest))
+        per = math.ceil(len(src_ids) / math.ceil(len(src_ids) / most))  # even parts: no small last decode
         order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]))
         out = [None] * len(src_ids)
         for at in range(0, len(order), per):

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import math
 import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from mt.config import ConfigError, DecodeConfig
@@ -74,6 +76,10 @@ class Batcher:
         self.taken: list[Job] = []  # the jobs the worker holds now
         self.tokens_per_s = 0.0  # decoding speed, for Retry-After
         self.worker: asyncio.Task | None = None
+        # Every decode on one thread of its own: torch's OpenMP keeps a team of threads per calling thread, and
+        # decodes hopping between the event loop's shared threads (which also prepare requests) left the idle teams
+        # spinning beside the busy one: a quarter of the throughput at 32 clients on 2 cores.
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decode")
         # counted for /info and /health (and the tests)
         self.batches = self.requests = self.dropped = self.refused = self.restarts = 0
 
@@ -178,7 +184,8 @@ class Batcher:
         rules = [c for job in group for c in (job.constraints or [Constraints([])] * len(job.src_ids))]
         stop = lambda: all(job.abandoned.is_set() for job in group)  # noqa: E731
         start = time.perf_counter()
-        hyps = await asyncio.to_thread(self.decode, src_ids, group[0].decode, prefixes, numbers, rules, stop)
+        decode = functools.partial(self.decode, src_ids, group[0].decode, prefixes, numbers, rules, stop)
+        hyps = await asyncio.get_running_loop().run_in_executor(self.executor, decode)
         tokens, seconds = sum(job.tokens for job in group), time.perf_counter() - start
         self.tokens_per_s = tokens / max(seconds, 1e-6)
         if self.observe is not None:
