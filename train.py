@@ -26,6 +26,7 @@ from mt.config_checks import to_dataclass
 from mt.data.corpus import prepare_data
 from mt.errors import USER_ERRORS
 from mt.train.finish import finish
+from mt.run_dir import remove_if_unused
 from mt.runtime import keep_freed_memory_in_the_heap, prefer_expandable_segments
 from mt.train.trainer import Trainer, restore_signal_handlers
 
@@ -80,6 +81,7 @@ def main(dcfg: DictConfig) -> None:
         trainer.metrics.close()
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
+        remove_if_unused(Path(HydraConfig.get().runtime.output_dir))  # a failed start leaves no stray run dir
         sys.exit(2)
     finally:
         distributed.shutdown()

@@ -37,6 +37,7 @@ def smoke_run(multi30k_subset, tmp_path_factory) -> Path:
             f"run_dir={run_dir}",
             "train.progress=false",
             "train.valid_every=20",
+            "train.max_epochs=3",  # (the recipe's one epoch of the whole corpus is ~40 updates of this subset)
         ]
     )
     (run_dir / "stderr.txt").write_text(p.stderr)
@@ -421,3 +422,17 @@ def test_torchrun_resume_is_exact_on_every_rank(toy_corpus, tmp_path):
     b = saved.load(tmp_path / "resumed" / "checkpoint_last.pt")
     assert a["update"] == b["update"] == 10 and len(b["rng_per_rank"]) == 2
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_a_failed_start_leaves_no_stray_run_dir(tmp_path):
+    """Before: `train.init_from=runs/en_de` (a run nothing had made) failed but left runs/emea with Hydra's files. Now
+    a run dir holding only what Hydra wrote for the failed command is removed; one with anything else stays."""
+    fresh, used = tmp_path / "fresh", tmp_path / "used"
+    used.mkdir()
+    (used / "notes.txt").write_text("mine")
+    for run_dir in (fresh, used):
+        p = run(["train.py", "+experiment=smoke", f"train.init_from={tmp_path / 'nothing'}", f"run_dir={run_dir}"],
+                check=False)  # fmt: skip
+        assert p.returncode == 2 and "train.init_from=" in p.stderr, p.stderr[-1000:]
+    assert not fresh.exists()
+    assert (used / "notes.txt").read_text() == "mine" and (used / ".hydra").is_dir()

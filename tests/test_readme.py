@@ -14,21 +14,33 @@ import pytest
 
 from tests.conftest import MULTI30K, ROOT, write_toy_corpus
 
+QUICKSTART = "python train.py +experiment=quickstart"
+INSTALL_CHECK = 'echo "A dog runs on the beach." | python translate.py checkpoint=runs/quickstart_en-de'
 SMOKE = "python train.py +experiment=smoke data.dir=../shared/data/multi30k"
-INSTALL_CHECK = (
-    'echo "A dog runs on the beach." | python translate.py checkpoint=runs/multi30k_en-de_transformer_compact'
+FINETUNE = (
+    "python train.py +experiment=finetune data=local data.dir=../shared/data/opus_emea_de_en data.src_lang=en "
+    "data.tgt_lang=de data.valid_from_train=500 train.init_from=runs/quickstart_en-de run_dir=runs/emea"
 )
+# Appended to a command as written, to make it short (and quiet) here.
+SHORTER = {
+    QUICKSTART: " train.max_time=0 train.max_updates=30 train.valid_every=15 train.progress=false",
+    SMOKE: " train.progress=false",
+    FINETUNE: " train.max_time=0 train.max_updates=10 train.valid_every=10 train.progress=false",
+}
 
-# Run as written, placeholders filled (`fill`); each must exit 0 (and what it writes is checked below).
+# Run as written, in the README's order, placeholders filled (`fill`); each must exit 0 (what they write is checked
+# below). The quick start's model is the one the next commands translate with and fine-tune.
 RUN = [
-    SMOKE,
+    QUICKSTART,
     INSTALL_CHECK,
+    SMOKE,
+    FINETUNE,
     "python translate.py checkpoint=RUN_DIR < test.en > test.hyp",
     "python translate.py checkpoint=RUN_DIR decode.nbest=5 decode.beam_size=5",
     "python translate.py checkpoint=[RUN_A,RUN_B] < test.en > test.hyp",
     "python translate.py checkpoint=RUN_DIR decode=sample decode.seed=1 < mono.de > bt.en",
     "python translate.py checkpoint=RUN_DIR split=true < document.en > document.de",
-    "python translate.py checkpoint=RUN_DIR glossary=terms.tsv < test.en",
+    "python translate.py checkpoint=RUN_DIR glossary=terms.tsv decode.beam_size=5 < test.en",
     "python translate.py checkpoint=RUN_DIR input=test.en output=test.hyp references=test.de",
     "python -m mt.compare A.hyp B.hyp --refs test.de",
     "python -m mt.export release RUN_DIR release/",
@@ -42,9 +54,6 @@ NOT_RUN = {
     "(tests/test_cli.py trains from local files)",
     "python train.py model=transformer_base data=wmt14_en_de tokenizer=bpe32k train.max_tokens=8000": "WMT14, hours",
     "torchrun --nproc_per_node=2 train.py +experiment=multi30k_en_de": "56 minutes (tests/test_cli.py runs torchrun)",
-    "python train.py +experiment=finetune data=local data.dir=../shared/data/opus_emea_de_en data.src_lang=en "
-    "data.tgt_lang=de data.valid_from_train=500 train.init_from=runs/en_de run_dir=runs/emea": "10 minutes after a "
-    "56-minute parent (tests/test_finetune.py)",
     "python serve.py checkpoint=RUN_DIR port=8080": "serves until stopped (tests/test_serve_team.py starts serve.py)",
     "python serve.py checkpoint=RUN_DIR host=0.0.0.0 api_keys=keys.txt requests_per_minute=60 "
     "tokens_per_minute=20000": "serves until stopped, on every interface",
@@ -85,21 +94,22 @@ def beam_run(tmp_path_factory) -> Path:
     return run
 
 
-def fill(command: str, run: Path, smoke: Path, tmp: Path) -> str:
-    """`command` with its placeholders filled: run dirs, and files in `tmp` (written by the test)."""
-    names = {"RUN_DIR": run, "RUN_A": run, "RUN_B": run, "runs/multi30k_en-de_transformer_compact": smoke,
-             "release/": tmp / "release", "ct2/": tmp / "ct2"}  # fmt: skip
+def fill(command: str, run: Path, tmp: Path) -> str:
+    """`command` with its placeholders filled: run dirs (the README's own in `tmp`), and files in `tmp` (written by
+    the test), and made short (`SHORTER`)."""
+    names = {"RUN_DIR": run, "RUN_A": run, "RUN_B": run, "runs/quickstart_en-de": tmp / "quickstart",
+             "runs/emea": tmp / "emea", "release/": tmp / "release", "ct2/": tmp / "ct2"}  # fmt: skip
     for name in ("test.en", "test.hyp", "test.de", "mono.de", "bt.en", "document.en", "document.de", "terms.tsv",
                  "A.hyp", "B.hyp"):  # fmt: skip
         names[name] = tmp / name
     pattern = "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True))
-    filled = re.sub(rf"(?<![\w/.])({pattern})(?![\w])", lambda m: str(names[m.group(1)]), command)
-    return filled + (f" run_dir={smoke} train.progress=false" if command == SMOKE else "")
+    filled = re.sub(rf"(?<![\w/.])({pattern})(?![\w-])", lambda m: str(names[m.group(1)]), command)
+    own = {QUICKSTART: f" run_dir={tmp / 'quickstart'}", SMOKE: f" run_dir={tmp / 'smoke'}"}.get(command, "")
+    return filled + own + SHORTER.get(command, "")
 
 
 @pytest.mark.skipif(not (MULTI30K / "train.en.gz").is_file(), reason=f"Multi30k not found at {MULTI30K}")
 def test_the_readme_commands_that_take_seconds_run_as_written(beam_run, tmp_path):
-    smoke = tmp_path / "smoke"
     lines = ["the cat sees a dog", "a big red house", "the small tree runs"]
     for name, text in {"test.en": lines, "mono.de": lines, "test.de": [" ".join(x.split()[::-1]) for x in lines],
                        "document.en": ["the cat sees a dog. a big red house.", "", "  the small tree runs."],
@@ -107,7 +117,7 @@ def test_the_readme_commands_that_take_seconds_run_as_written(beam_run, tmp_path
         (tmp_path / name).write_text("\n".join(text) + "\n")
     env = {**os.environ, "OMP_NUM_THREADS": "2", "HYDRA_FULL_ERROR": "0"}
     for command in RUN:
-        filled = fill(command, beam_run, smoke, tmp_path)
+        filled = fill(command, beam_run, tmp_path)
         p = subprocess.run(
             filled, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL
         )
@@ -117,3 +127,4 @@ def test_the_readme_commands_that_take_seconds_run_as_written(beam_run, tmp_path
     assert len((tmp_path / "test.hyp").read_text().splitlines()) == 3
     assert len((tmp_path / "document.de").read_text().splitlines()) == 3  # the layout kept
     assert (tmp_path / "release" / "model.safetensors").is_file() and (tmp_path / "ct2" / "model.bin").is_file()
+    assert (tmp_path / "emea" / "checkpoint_final.pt").is_file()  # fine-tuned from the quick start's model
