@@ -75,8 +75,13 @@ class DataConfig:
     # Hold out this many training pairs of the main corpus (drawn by train.seed, not trained on) as the validation
     # set, for a corpus without a validation split (valid_split is then not read). 0 = off.
     valid_from_train: int = 0
+    # How training batches are formed (mt/data/batching.py): "pools" (sorted by target length in shuffled pools,
+    # re-formed every epoch) or "fixed" (fairseq's: sorted by source then target length once, batch sizes a
+    # multiple of 8, the same batches every epoch in a new order).
+    batching: str = "pools"
 
 
+BATCH_FORMATIONS = ("pools", "fixed")  # data.batching (mt/data/batching.py)
 PRETOKENIZERS = ("none", "moses")  # tokenizer.pretokenize: none, or Moses (mt/data/pretokenize.py)
 
 

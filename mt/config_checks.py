@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from mt.config import (
+    BATCH_FORMATIONS,
     PRETOKENIZERS,
     Config,
     ConfigError,
@@ -26,6 +27,13 @@ NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents")  # tok
 def validate(cfg: Config) -> None:
     """Reject values the type system lets through but the code cannot use."""
     _choice("data.format", cfg.data.format, ("parallel", "tsv", "jsonl", "hub"))
+    _choice("data.batching", cfg.data.batching, BATCH_FORMATIONS)
+    if cfg.data.batching == "fixed" and (cfg.data.corpora or cfg.train.bpe_dropout):
+        what = (
+            "data.corpora (new rows each epoch)" if cfg.data.corpora else "train.bpe_dropout (new lengths each epoch)"
+        )
+        raise ConfigError(f"data.batching=fixed keeps one set of batches for the run, which {what} cannot have; "
+                          "set data.batching=pools")  # fmt: skip
     _choice("model.norm", cfg.model.norm, ("post", "pre"))
     _choice("model.tie_embeddings", cfg.model.tie_embeddings, ("all", "decoder", "none"))
     _choice("model.positions", cfg.model.positions, ("sinusoidal", "learned"))

@@ -488,6 +488,13 @@ ROWS = [
         _args("tokenizer.pretokenize=moses", "data.directions=[xx-yy]"),
         "tokenizer.pretokenize=moses tokenizes one source and one target language",
     ),
+    ("batching_unknown", "train", _args("data.batching=sorted"), "data.batching='sorted' is not one of pools, fixed"),
+    (
+        "batching_fixed_with_bpe_dropout",
+        "train",
+        _args("data.batching=fixed", "train.bpe_dropout=0.1"),
+        "data.batching=fixed keeps one set of batches for the run, which train.bpe_dropout",
+    ),  # fmt: skip
     ("release_without_pretokenize", "translate", _release_without_pretokenize, "pretokenize.json is missing"),
     ("prefix_moses_would_change", "translate", _legacy_moses_prefix, 'prefixes.txt:2: the prefix "geht\'s" would'),
     # mt.compare

@@ -198,3 +198,64 @@ def test_prefetching_loader_raises_what_the_worker_hit():
     sampler = TokenBucketSampler([5] * 10, [5] * 10, 20, seed=0, shuffle=False)
     with pytest.raises(OSError, match="disk gone"):
         list(BatchLoader(Broken(), sampler, prefetch=2))
+
+
+# ---------------------------------------------------------------- fairseq's batch formation (data.batching=fixed)
+
+
+def test_fairseq_batches_cut_as_fairseq_batch_by_size():
+    """A hand-made case of fairseq's rule: sentences taken in order while (n + 1) x the longest fits; a full batch
+    keeps its largest multiple of 8 sentences and the rest begin the next one; fewer than 8 stay whole."""
+    from mt.data.batching import fairseq_batches
+
+    lens = np.array([10] * 11 + [20] * 3)
+    order = np.arange(len(lens))
+    batches = fairseq_batches(lens, lens, 110, order)
+    # 11 x 10 = 110 fits; the 12th would make 120: cut at 8, the 3 left go on; with the 20s, (3 + 1) x 20 = 80,
+    # (4 + 1) x 20 = 100, (5 + 1) x 20 = 120 > 110: 5 < 8, so all 5 are a batch; the last 20 alone.
+    assert [b.tolist() for b in batches] == [list(range(8)), [8, 9, 10, 11, 12], [13]]
+    assert [b.tolist() for b in fairseq_batches(lens, lens, 1000, order)] == [list(range(14))]  # all fit
+
+
+@pytest.fixture
+def caption_lengths() -> tuple[np.ndarray, np.ndarray]:
+    """(source, target) lengths of 2,000 made-up pairs, 3-40 tokens, the target near the source."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(3, 41, 2000)
+    return src, np.clip(src + rng.integers(-4, 5, 2000), 3, 44)
+
+
+@pytest.mark.parametrize("max_tokens", [200, 700, 3000])
+def test_fixed_batches_sort_by_source_then_target_and_come_in_multiples_of_8(caption_lengths, max_tokens):
+    from mt.data.batching import fairseq_batches, fairseq_order
+
+    src, tgt = caption_lengths
+    order = fairseq_order(src, tgt, seed=3)
+    keys = list(zip(src[order].tolist(), tgt[order].tolist()))
+    assert keys == sorted(keys)  # source length first, target length second
+    assert not np.array_equal(order, fairseq_order(src, tgt, seed=4))  # ties in the seed's shuffled order
+    batches = fairseq_batches(src, tgt, max_tokens, order)
+    assert np.array_equal(np.concatenate(batches), order)  # every sentence once, in that order
+    full = batches[:-1]  # (the last holds what was left)
+    assert all(len(b) % 8 == 0 or len(b) < 8 for b in full)
+    if max_tokens >= 700:  # (room for 8 of the longest: every full batch a multiple of 8)
+        assert all(len(b) % 8 == 0 for b in full)
+
+
+def test_fixed_batches_are_the_same_every_epoch_in_a_new_order_and_resume_exactly(caption_lengths):
+    src, tgt = caption_lengths
+    sampler = TokenBucketSampler(src, tgt, max_tokens=1500, seed=7, formation="fixed")
+    first = [tuple(b) for b in sampler]  # epoch 0, then the sampler is at epoch 1
+    second = [tuple(b) for b in sampler]
+    assert sorted(first) == sorted(second) and first != second  # the same batches, shuffled by (seed, epoch)
+    pools = TokenBucketSampler(src, tgt, max_tokens=1500, seed=7)
+    assert sorted(tuple(b) for b in pools) != sorted(tuple(b) for b in pools)  # (the default re-forms them)
+    again = TokenBucketSampler(src, tgt, max_tokens=1500, seed=7, formation="fixed")
+    again.set_epoch(1)
+    it = iter(again)
+    head = [tuple(next(it)) for _ in range(5)]
+    resumed = TokenBucketSampler(src, tgt, max_tokens=1500, seed=7, formation="fixed")
+    resumed.load_state_dict(again.state_dict())
+    assert head + [tuple(b) for b in resumed] == second
+    shards = [TokenBucketSampler(src, tgt, 1500, seed=7, formation="fixed", num_replicas=2, rank=r) for r in (0, 1)]
+    assert {b for s in shards for b in map(tuple, s)} == set(first)  # two ranks share the epoch's batches

@@ -1,9 +1,13 @@
 """Length-bucketed batches under a token budget, and collation into padded tensors.
 
 A batch's cost is its padded size, `n_sentences * longest`, on the source and on the target side; the sampler
-packs sentences of similar length so that little of that budget is padding. Sentences are shuffled, sorted by
-length within large pools, cut into batches, and the batch order is shuffled: all from (seed, epoch), so an epoch
-can be replayed or resumed mid-way exactly.
+packs sentences of similar length so that little of that budget is padding. Two ways to form them
+(`data.batching`), both from the seed alone, so that an epoch can be replayed or resumed mid-way exactly:
+- "pools" (default): each epoch, sentences are shuffled, sorted by target then source length within large pools,
+  cut into batches, and the batch order is shuffled, all from (seed, epoch): batches differ between epochs.
+- "fixed", fairseq's: once per run, sentences are shuffled by the seed and stable-sorted by source length (ties
+  by target length), cut greedily (`fairseq_batches`: sentences x max(source, target) length within the budget, a
+  full batch's size a multiple of 8); each epoch only the order of these batches is shuffled (seed, epoch).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from mt.config import BATCH_FORMATIONS
 from mt.data.tokenizer import BOS, EOS, PAD
 
 
@@ -45,6 +50,35 @@ def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, or
     return batches
 
 
+def fairseq_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, order: np.ndarray,
+                    multiple: int = 8) -> list[np.ndarray]:  # fmt: skip
+    """fairseq's `batch_by_size` over `order`: sentences are taken in order while (sentences + 1) x the longest
+    max(source, target) length fits `max_tokens`; a full batch keeps the largest multiple of `multiple` sentences
+    it holds (all of them when fewer), and the rest begin the next batch."""
+    longest = np.maximum(src_lens, tgt_lens)[order].tolist()
+    batches, batch, lens, sample_len = [], [], [], 0
+    for idx, length in zip(order.tolist(), longest):
+        lens.append(length)
+        sample_len = max(sample_len, length)
+        if batch and (len(batch) + 1) * sample_len > max_tokens:
+            keep = max(multiple * (len(batch) // multiple), len(batch) % multiple)
+            batches.append(np.array(batch[:keep], dtype=np.int64))
+            batch, lens = batch[keep:], lens[keep:]
+            sample_len = max(lens)  # (the remainder and this sentence)
+        batch.append(idx)
+    if batch:
+        batches.append(np.array(batch, dtype=np.int64))
+    return batches
+
+
+def fairseq_order(src_lens: np.ndarray, tgt_lens: np.ndarray, seed: int) -> np.ndarray:
+    """fairseq's `ordered_indices`: a shuffle by the seed, then stable sorts by target and by source length, so that
+    source length is the first key, target length the second, and ties keep the shuffled order."""
+    order = np.random.default_rng([seed, 0x5EED]).permutation(len(src_lens))
+    order = order[np.argsort(tgt_lens[order], kind="stable")]
+    return order[np.argsort(src_lens[order], kind="stable")]
+
+
 class TokenBucketSampler(Sampler[list[int]]):
     """Yields lists of example indices; each list is one batch of at most `max_tokens` padded tokens.
 
@@ -63,6 +97,7 @@ class TokenBucketSampler(Sampler[list[int]]):
         pool_size: int = 1 << 17,
         num_replicas: int = 1,
         rank: int = 0,
+        formation: str = "pools",
     ):
         self.src_lens = np.asarray(src_lens, dtype=np.int64)
         self.tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
@@ -71,7 +106,10 @@ class TokenBucketSampler(Sampler[list[int]]):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} is not in [0, {num_replicas})")
         self.max_tokens, self.seed, self.shuffle, self.pool_size = max_tokens, seed, shuffle, pool_size
-        self.num_replicas, self.rank = num_replicas, rank
+        if formation not in BATCH_FORMATIONS:
+            raise ValueError(f"batch formation {formation!r} is not one of {', '.join(BATCH_FORMATIONS)}")
+        self.num_replicas, self.rank, self.formation = num_replicas, rank, formation
+        self._fixed: list[np.ndarray] | None = None  # formation "fixed": the run's batches, in their first order
         self.epoch, self.position = 0, 0  # position: batches of this epoch already handed out on this rank
         self._batches: list[np.ndarray] | None = None
         # Several corpora mixed by weight: mix(seed, epoch) -> the rows (with repeats) an epoch trains on.
@@ -87,7 +125,7 @@ class TokenBucketSampler(Sampler[list[int]]):
             raise ValueError("set_lengths needs one source and one target length per example, as before")
         self.src_lens = np.asarray(src_lens, dtype=np.int64)
         self.tgt_lens = np.asarray(tgt_lens, dtype=np.int64)
-        self._batches = None
+        self._batches = self._fixed = None
 
     def set_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
@@ -95,6 +133,14 @@ class TokenBucketSampler(Sampler[list[int]]):
 
     def _epoch_batches(self) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, self.epoch])
+        if self.formation == "fixed":
+            if self.mix is not None:
+                raise ValueError("fixed batches need the same rows every epoch, not a mix of corpora")
+            if self._fixed is None:
+                order = fairseq_order(self.src_lens, self.tgt_lens, self.seed)
+                self._fixed = fairseq_batches(self.src_lens, self.tgt_lens, self.max_tokens, order)
+            order = rng.permutation(len(self._fixed)) if self.shuffle else range(len(self._fixed))
+            return self._for_this_rank([self._fixed[i] for i in order])
         rows = self.mix(self.seed, self.epoch) if self.mix is not None else None
         n = len(self.src_lens) if rows is None else len(rows)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
@@ -111,6 +157,10 @@ class TokenBucketSampler(Sampler[list[int]]):
             batches += make_batches(self.src_lens, self.tgt_lens, self.max_tokens, pool)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
+        return self._for_this_rank(batches)
+
+    def _for_this_rank(self, batches: list[np.ndarray]) -> list[np.ndarray]:
+        """Every `num_replicas`-th batch from `rank`, the list wrapped around to a multiple of `num_replicas`."""
         if self.num_replicas > 1:
             per_rank = -(-len(batches) // self.num_replicas)
             batches = [batches[i % len(batches)] for i in range(per_rank * self.num_replicas)]

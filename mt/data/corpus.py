@@ -396,13 +396,13 @@ def truncate(ds: datasets.Dataset, max_len: int, name: str) -> datasets.Dataset:
     )
 
 
-def make_sampler(
-    lengths: tuple[np.ndarray, np.ndarray], max_tokens: int, seed: int, shuffle: bool, world: int = 1, rank: int = 0
-) -> TokenBucketSampler:
+def make_sampler(lengths: tuple[np.ndarray, np.ndarray], max_tokens: int, seed: int, shuffle: bool, world: int = 1,
+                 rank: int = 0, formation: str = "pools") -> TokenBucketSampler:  # fmt: skip
     """A sampler over pairs of these (source, target) token lengths, counted without specials."""
     src_lens = lengths[0].astype(np.int64) + 1  # + </s>
     tgt_lens = lengths[1].astype(np.int64) + 1  # + <s> (input) or </s> (output)
-    return TokenBucketSampler(src_lens, tgt_lens, max_tokens, seed, shuffle, num_replicas=world, rank=rank)
+    return TokenBucketSampler(src_lens, tgt_lens, max_tokens, seed, shuffle, num_replicas=world, rank=rank,
+                              formation=formation)  # fmt: skip
 
 
 def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: bool = False):
@@ -410,7 +410,7 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
     ahead, in pinned memory), and the BPE-dropout segments the loader reads from (None without
     `train.bpe_dropout`)."""
     tc = cfg.train
-    sampler = make_sampler(corpus.train_lengths, tc.max_tokens, tc.seed, True, world, rank)
+    sampler = make_sampler(corpus.train_lengths, tc.max_tokens, tc.seed, True, world, rank, cfg.data.batching)
     sampler.mix = corpus.mix.epoch_rows if corpus.mix is not None else None
     if n := sampler.oversized():
         longest = int(max(sampler.src_lens.max(), sampler.tgt_lens.max()))
