@@ -1,5 +1,6 @@
 """Every config group composes into the typed schema; misspelt keys and bad values fail clearly."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -69,12 +70,18 @@ def test_every_experiment_composes(experiment):
         expected = yaml_values(Path(CONF) / group / f"{option}.yaml")
         if "name" in expected:
             assert getattr(cfg, group).name == expected["name"], f"{experiment}: {group}"
+
     # ...and so is every value it sets (the recipe's lr, schedule, dropout, beam, ...)
-    for path, value in flatten(yaml_values(Path(CONF) / "experiment" / f"{experiment}.yaml")).items():
+    def get(path: str):
         obj = cfg
         for part in path.split("."):
             obj = getattr(obj, part)
-        assert obj == value, f"{experiment}: {path}"
+        return obj
+
+    for path, value in flatten(yaml_values(Path(CONF) / "experiment" / f"{experiment}.yaml")).items():
+        if isinstance(value, str):  # an interpolation ("runs/quickstart_${data.src_lang}-..."), resolved
+            value = re.sub(r"\$\{([\w.]+)\}", lambda m: str(get(m.group(1))), value)
+        assert get(path) == value, f"{experiment}: {path}"
 
 
 def test_the_en_de_recipe_is_what_the_readme_says():
