@@ -251,3 +251,18 @@ def test_the_tokenizer_cache_key_of_a_run_without_moses_is_the_key_of_before():
     key = hashlib.sha256(json.dumps([before, "fp"], sort_keys=True).encode()).hexdigest()[:16]
     assert _meta_key(cfg, "fp") == key
     assert _meta_key(replace(cfg, pretokenize="moses"), "fp") != key
+
+
+def test_a_normalization_that_folds_the_joiner_still_gives_text_back():
+    """NFKC (and NFKD) fold the joiner "￭" into "■" before the BPE sees it; the output's "■" joins as "￭" would."""
+    from mt.config import TokenizerConfig
+    from mt.data.tokenizer import Vocabs, train_vocab
+
+    pairs = [("It's a man, walking.", "Wie geht's, Mann? (Gut.)"), ("Two dogs!", "Zwei Hunde!")] * 20
+    moses_pairs = [(moses("en").tokenize(s), moses("de").tokenize(t)) for s, t in pairs]
+    cfg = TokenizerConfig(vocab_size=90, min_frequency=1, normalization="NFKC", pretokenize="moses")
+    vocab = train_vocab(cfg, moses_pairs, (0, 1))
+    vocabs = Vocabs(vocab, vocab).pretokenizing("moses", "en", "de")
+    assert "■" in "".join(vocabs.tgt.tokens(vocabs.tgt.encode("Wie geht's, Mann?")))
+    for text in ("Wie geht's, Mann? (Gut.)", "Zwei Hunde!"):
+        assert vocabs.tgt.decode(vocabs.tgt.encode(text)) == text

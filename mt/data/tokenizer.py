@@ -41,6 +41,10 @@ class Vocab:
         # matched as the special token (which would mask a source as padding, end a prefix or pick a language).
         # The model's specials come from ids, not from text. (A setting of the object, not saved in the JSON.)
         tokenizer.encode_special_tokens = True
+        # What the joiner becomes in the tokens: NFKC and NFKD fold "￭" into "■", which the output then holds.
+        normalizer = tokenizer.normalizer
+        joiner = moses.joiner if moses is not None else None
+        self._joiner_in_tokens = normalizer.normalize_str(joiner) if joiner and normalizer is not None else joiner
         for i, tok in enumerate(SPECIALS):
             if tokenizer.token_to_id(tok) != i:
                 raise TokenizerError(f"tokenizer has {tok} at id {tokenizer.token_to_id(tok)}, expected {i}")
@@ -75,7 +79,11 @@ class Vocab:
 
     def decode_batch(self, batch: list[list[int]]) -> list[str]:
         texts = self.tokenizer.decode_batch(batch, skip_special_tokens=True)
-        return [self.moses.detokenize(t) for t in texts] if self.moses is not None else texts
+        if self.moses is None:
+            return texts
+        if self._joiner_in_tokens != self.moses.joiner:
+            texts = [t.replace(self._joiner_in_tokens, self.moses.joiner) for t in texts]
+        return [self.moses.detokenize(t) for t in texts]
 
     @property
     def lowercases(self) -> bool:
