@@ -22,6 +22,7 @@ Every loop is bounded: each request has a 120 s timeout, each server is stopped 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -42,9 +44,16 @@ LINE = "A man in a blue shirt is standing on a ladder."
 FORGED = "/%0A2026-01-01T00:00:00Z%20admin%20127.0.0.1%20%22POST%20/translate%22%20200"
 
 
-def start(root: Path, checkpoint: str, extra: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+@contextlib.contextmanager
+def serving(root: Path, checkpoint: str, extra: list[str], log: Path) -> Iterator[str]:
+    """serve.py of `root` on a free port while the block runs: its URL."""
     port = free_port()
-    return start_server(checkpoint, port, ["device=cpu", *extra], root, log), f"http://127.0.0.1:{port}"
+    proc = start_server(checkpoint, port, ["device=cpu", *extra], root, log)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
 def timed(method: str, url: str, body: dict | None = None) -> tuple[int, float]:
@@ -122,8 +131,7 @@ def main() -> None:
     (tmp / "glossary.tsv").write_text("".join(f"term{i}\tBegriff{i}\n" for i in range(4000)))
     common = [f"api_keys={tmp / 'keys.txt'}", "decode.beam_size=4", "batch_wait_ms=300", "request_timeout_s=100"]
     rows = {}
-    proc, url = start(root, args.checkpoint, [*common, f"glossary={tmp / 'glossary.tsv'}"], tmp / "server.log")
-    try:
+    with serving(root, args.checkpoint, [*common, f"glossary={tmp / 'glossary.tsv'}"], tmp / "server.log") as url:
         rows["quiet"] = quiet(url)
         terms = {f"word{i}": f"Wort{i}" for i in range(20_000)}
         rows["1 glossary of 20,000 terms"] = beside(url, "POST", "/translate", {"src": [LINE], "glossary": terms})
@@ -132,28 +140,17 @@ def main() -> None:
         rows["4 forged log line"] = beside(url, "GET", FORGED, None, wait=0.0)
         split = {"src": ["the cat. " * 900], "split": True, "beam_size": 16}
         rows["6 split 900 sentences, beam 16"] = beside(url, "POST", "/translate", split)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     (tmp / "glossary20k.tsv").write_text("".join(f"term{i}\tBegriff{i}\n" for i in range(20_000)))
-    proc, url = start(root, args.checkpoint, [*common, f"glossary={tmp / 'glossary20k.tsv'}"], tmp / "g20k.log")
-    try:
+    with serving(root, args.checkpoint, [*common, f"glossary={tmp / 'glossary20k.tsv'}"], tmp / "g20k.log") as url:
         rows["7 quiet (20,000-term glossary)"] = quiet(url)
         rows["7 three 1-term glossary requests"] = glossary_requests(url)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
     if args.moses:
-        proc, url = start(root, args.moses, common, tmp / "moses.log")
-        try:
+        with serving(root, args.moses, common, tmp / "moses.log") as url:
             rows["8 quiet (Moses)"] = quiet(url)
             huge = {"src": [("A man, in a blue shirt (on a ladder): " * 25_000)[:960_000]]}
             rows["8 Moses: one 960 KB line"] = beside(url, "POST", "/translate", huge, 0.05)
             over = {"src": ["A man, in a blue shirt (on a ladder): " * 7] * 64}  # ~5,000 tokens in 64 lines
             rows["8 Moses: 64 lines just over the cap"] = beside(url, "POST", "/translate", over, 0.05)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
     log = (tmp / "server.log").read_text()
     rows["4 forged log line"]["forged_line_in_log"] = any(
         line.startswith("2026-01-01T00:00:00Z admin") for line in log.splitlines()
@@ -164,13 +161,9 @@ def main() -> None:
     if made.returncode != 0:
         print(f"(no CTranslate2 export, finding 2 skipped: {made.stderr.strip()[-300:]})")
     else:
-        proc, url = start(root, str(export), common, tmp / "ct2.log")
-        try:
+        with serving(root, str(export), common, tmp / "ct2.log") as url:
             rows["2 quiet (CTranslate2)"] = quiet(url)
             rows["2 constraints on CTranslate2 + batch-mate"] = batch_mates(url)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
     print(f"serve.py of {root}")
     print(f"{'case':42s} {'hostile':>8s} {'its s':>7s} {'/health ms':>11s} {'ordinary':>9s} {'its ms':>8s}")
     for name, r in rows.items():
