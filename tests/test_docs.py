@@ -1,9 +1,5 @@
 """The docs site as a reader meets it (docs/): every page has sections with headings, code that fits the column,
-pictures that exist, and no paths of the machine a figure was measured on.
-
-Pages not yet written to these rules are listed in `NOT_YET` per rule; the test fails both when a page outside the
-list breaks a rule and when a listed page has come to follow it (then it leaves the list), so the list only
-shrinks."""
+pictures that exist, and no paths of the machine a figure was measured on."""
 
 from __future__ import annotations
 
@@ -19,12 +15,7 @@ PAGES = sorted(p for p in DOCS.rglob("*.md") if not p.name.endswith(".report.md"
 CODE_COLUMNS = 88
 MACHINE_PATH = re.compile(r"(?<![\w.~])/(?:work|tmp|home|root|Users|var/folders)/")
 
-# Pages still to be rewritten as sections (one task each) with short code lines, per rule.
-NOT_YET: dict[str, set[str]] = {
-    "headings": set(),
-    "code_columns": {"experiments.md"},  # the lab notebook, to be rewritten as pages by question
-    "machine_paths": set(),
-}
+RULES = ("headings", "code_columns", "machine_paths")
 
 
 def name(page: Path) -> str:
@@ -45,13 +36,10 @@ def breaks(rule: str, page: Path) -> list[str]:
     raise ValueError(rule)
 
 
-@pytest.mark.parametrize("rule", sorted(NOT_YET))
-def test_every_page_follows_the_rule_or_is_listed_as_not_yet(rule):
-    broken = {name(p): breaks(rule, p) for p in PAGES}
-    unlisted = {page: what[:3] for page, what in broken.items() if what and page not in NOT_YET[rule]}
-    assert not unlisted, f"{rule}: {unlisted}"
-    done = sorted(page for page in NOT_YET[rule] if page in broken and not broken[page])
-    assert not done, f"{rule}: {done} now follow the rule; take them off NOT_YET"
+@pytest.mark.parametrize("rule", RULES)
+def test_every_page_follows_the_rule(rule):
+    broken = {name(p): what[:3] for p in PAGES if (what := breaks(rule, p))}
+    assert not broken, f"{rule}: {broken}"
 
 
 def test_every_picture_a_page_shows_exists():
