@@ -531,7 +531,9 @@ def test_an_oversized_request_is_refused_before_it_is_encoded_and_charged(toy_vo
         lines = ["the cat sees a dog", "a big red house"]
         assert client.post("/translate", json={"src": lines}).status_code == 200
         assert [c for c, _ in calls] == [sum(map(len, lines))]  # encoded once
+        calls.clear()
         assert client.post("/translate", json={"src": ["the cat. a dog."], "split": True}).status_code == 200
+        assert [c for c, _ in calls] == [15, 14]  # the line counted, its sentences counted, not encoded again
     assert calls and not any(on_loop for _, on_loop in calls), calls
 
 

@@ -147,11 +147,13 @@ class Translator:
         return ((self.checkpoint.get("config") or {}).get("data") or {}).get("src_lang") or "en"
 
     def split(self, lines: list[str], tgt_lang: str | None = None, first_line: int = 0,
-              whole_lines: bool = False) -> Document:  # fmt: skip
+              whole_lines: bool = False, encode=None) -> Document:  # fmt: skip
         """`lines` as sentences to translate (mt/decode/segment.py), each within the model's positions; `whole_lines`:
-        each line one sentence, cut into pieces only where it is over the positions."""
+        each line one sentence, cut into pieces only where it is over the positions. `encode`: the source encoder to
+        count with (default: the source vocabulary's; a caller that encodes the sentences next passes a memo)."""
         room = self.limit - (self.target_id(tgt_lang) is not None)
-        count = lambda texts: [len(ids) for ids in self.vocabs.src.encode_batch(texts)]  # noqa: E731
+        encode = encode or self.vocabs.src.encode_batch
+        count = lambda texts: [len(ids) for ids in encode(texts)]  # noqa: E731
         splitter = whole_line if whole_lines else split_sentences
         return split_document(lines, self.src_lang, count, room, first_line, splitter)
 

@@ -69,6 +69,18 @@ def token_span(vocab) -> int:
     return 3 * max(len(token.lstrip("\u2581")) for token in vocab.tokenizer.get_vocab())
 
 
+class Memo:
+    """An encoder that encodes each text once (a request's sentences are counted when split, then decoded)."""
+
+    def __init__(self, encode, known: dict[str, list[int]]):
+        self.encode, self.known = encode, known
+
+    def __call__(self, texts: list[str]) -> list[list[int]]:
+        missing = list(dict.fromkeys(t for t in texts if t not in self.known))
+        self.known.update(zip(missing, self.encode(missing) if missing else []))
+        return [self.known[t] for t in texts]
+
+
 @dataclass
 class Prepared:
     """What a request's text becomes before decoding (`prepare`)."""
@@ -91,22 +103,23 @@ def prepare(req: TranslateRequest, translator, decode: DecodeConfig, cfg: ServeC
     to decode are held to `max_sentences`: a 413 beyond it. The lines are encoded once when they are decoded as
     they are."""
     ids = count_sources(translator.vocabs.src, req.src, cfg.max_request_tokens)
+    encode = Memo(translator.vocabs.src.encode_batch, dict(zip(req.src, ids)))  # each text encoded once
     try:
         target = translator.target_id(req.tgt_lang)
         doc = None
         if req.split:
             refuse_with_split(decode, req.prefix, req.constraints)
-            doc = translator.split(req.src, req.tgt_lang)
+            doc = translator.split(req.src, req.tgt_lang, encode=encode)
         elif in_pieces(decode, req.prefix, req.constraints) and any(len(i) > translator.limit - (target is not None)
                                                                     for i in ids):  # fmt: skip
-            doc = translator.split(req.src, req.tgt_lang, whole_lines=True)
+            doc = translator.split(req.src, req.tgt_lang, whole_lines=True, encode=encode)
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
     if doc is not None and len(doc.sentences) > cfg.max_sentences:  # the limit holds for what is decoded
         raise BadRequest(413, f"src: {len(doc.sentences)} sentences once split, more than max_sentences="
                               f"{cfg.max_sentences}; send fewer")  # fmt: skip
     lines = doc.sentences if doc is not None else req.src
-    src_ids = translator.vocabs.src.encode_batch(lines) if doc is not None else ids
+    src_ids = [list(i) for i in encode(lines)]
     warnings, room = [], translator.limit - (target is not None)  # (</s> takes the last position)
     for i, line_ids in enumerate(src_ids):
         if len(line_ids) > room:
