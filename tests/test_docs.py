@@ -42,6 +42,12 @@ def test_every_page_follows_the_rule(rule):
     assert not broken, f"{rule}: {broken}"
 
 
+def test_the_readme_and_the_benchmark_pages_name_no_machine_paths():
+    pages = [ROOT / "README.md", ROOT / "benchmarks" / "RESULTS.md"]  # (a script's documented default may be /tmp)
+    found = {str(p.relative_to(ROOT)): breaks("machine_paths", p)[:3] for p in pages if breaks("machine_paths", p)}
+    assert not found, found
+
+
 def test_every_picture_a_page_shows_exists():
     missing = [(name(p), image) for p in PAGES
                for image in re.findall(r"!\[[^\]]*\]\(([^)\s]+)", p.read_text(encoding="utf-8"))
