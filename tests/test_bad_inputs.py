@@ -243,6 +243,35 @@ def _legacy_moses_prefix(c, r, t):
     return [f"checkpoint={t / 'legacy.pt'}", f"prefix={prefixes}"], "a dog\nthe cat\n"
 
 
+def _to_transformers(model: dict | None = None, data: dict | None = None, tokenizer: dict | None = None):
+    """`mt.export transformers` of a copy of the run's checkpoint changed as a model no transformers architecture
+    computes: `model` settings (fresh weights of that shape), `data` config keys, checkpoint `tokenizer` entries."""
+
+    def setup(c, r, t):
+        from mt.model.transformer import Transformer
+
+        ckpt = torch.load(r / "checkpoint_best.pt", weights_only=False)
+        if model:
+            ckpt["model_args"]["model"].update(model)
+            ckpt["model"] = Transformer.from_config_dict(ckpt["model_args"]).state_dict()
+        ckpt["config"]["data"].update(data or {})
+        ckpt["tokenizer"].update(tokenizer or {})
+        torch.save(ckpt, t / "changed.pt")
+        return ["transformers", str(t / "changed.pt"), str(t / "hf")], None
+
+    return setup
+
+
+def _separate_tokenizers():
+    ckpt = {}
+
+    def setup(c, r, t):
+        ckpt.update(torch.load(r / "checkpoint_best.pt", weights_only=False)["tokenizer"])
+        return _to_transformers(tokenizer={"tgt": ckpt["src"]})(c, r, t)
+
+    return setup
+
+
 HELD: list = []  # sockets kept open while the row runs
 
 
@@ -447,6 +476,33 @@ ROWS = [
         "holds the checkpoint being exported",
     ),
     ("export_beside_other_files", "export", _export_beside, "not empty and not an earlier release export"),
+    (
+        "transformers_learned_positions",
+        "export",
+        _to_transformers(model={"positions": "learned"}),
+        "model.positions=learned: transformers' Marian and Pegasus add sinusoidal positions only",
+    ),
+    (
+        "transformers_moses",
+        "export",
+        _to_transformers(
+            tokenizer={"pretokenize": {"kind": "moses", "src_lang": "en", "tgt_lang": "de", "joiner": "￭"}}
+        ),
+        "tokenizer.pretokenize=moses: transformers' tokenizers cannot run Moses",
+    ),
+    (
+        "transformers_multilingual",
+        "export",
+        _to_transformers(data={"directions": ["xx-yy", "xx-zz"]}),
+        "a multilingual model (data.directions)",
+    ),
+    ("transformers_two_tokenizers", "export", _separate_tokenizers(), "a transformers tokenizer holds one vocabulary"),
+    (
+        "transformers_pre_norm_untied",
+        "export",
+        _to_transformers(model={"norm": "pre", "tie_embeddings": "none"}),
+        "a pre-norm model with model.tie_embeddings=none: Pegasus",
+    ),
     ("references_in_another_language", "translate", _multilingual_references, "test.zz[.gz]"),
     (
         "directions_corpus_with_a_tag",

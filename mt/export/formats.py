@@ -1,13 +1,15 @@
 """Export a trained model for use outside training.
 
     python -m mt.export ctranslate2 RUN_DIR_OR_PT OUT_DIR [--quantization int8|int8_float32|float16|...]
-    python -m mt.export release RUN_DIR_OR_PT OUT_DIR
+    python -m mt.export release RUN_DIR_OR_PT OUT_DIR [--license ID]
+    python -m mt.export transformers RUN_DIR_OR_PT OUT_DIR [--license ID]
 
 `ctranslate2`: a CTranslate2 model directory (model.bin, vocabularies, config.json) built with CTranslate2's
 Transformer spec from this project's weights, plus our `tokenizer.json` and `decode.json` so that translate.py
 (`checkpoint=OUT_DIR`) decodes it with the same tokenizer and settings. `release`: `model.safetensors`,
 `config.json` and the tokenizer, a model that loads without unpickling anything (a `.pt` is a pickle: loading one
-from elsewhere runs whatever code it carries).
+from elsewhere runs whatever code it carries). `transformers`: a folder that transformers' AutoModelForSeq2SeqLM
+and AutoTokenizer load offline (mt/export/hugging_face.py).
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def _shareable_config(ckpt: dict) -> dict:
     }
 
 
-def export_release(source: str, out_dir: Path) -> Path:
+def export_release(source: str, out_dir: Path, license: str | None = None) -> Path:
     """model.safetensors (weights; a tied matrix once), config.json, tokenizer.json (or .src/.tgt), and README.md,
     a model card (mt/export/model_card.py)."""
     from safetensors.torch import save_model
@@ -160,7 +162,8 @@ def export_release(source: str, out_dir: Path) -> Path:
         vocabs.save(staging)
         config = {"format": RELEASE_FORMAT, "model_args": model.config_dict(), "config": _shareable_config(ckpt)}
         (staging / "config.json").write_text(json.dumps(config, indent=2))
-        (staging / "README.md").write_text(model_card(ckpt, model, out_dir.resolve().name), encoding="utf-8")
+        card = model_card(ckpt, model, out_dir.resolve().name, license=license)
+        (staging / "README.md").write_text(card, encoding="utf-8")
     return out_dir
 
 
@@ -175,12 +178,21 @@ def main(argv: list[str] | None = None) -> None:
     rel = sub.add_parser("release", help="safetensors weights, config.json and the tokenizer: no pickle")
     rel.add_argument("source", help="a run dir (its final checkpoint) or a .pt")
     rel.add_argument("out", type=Path)
+    hf = sub.add_parser("transformers", help="a Hugging Face transformers model (Marian or Pegasus) and tokenizer")
+    hf.add_argument("source", help="a run dir (its final checkpoint) or a .pt")
+    hf.add_argument("out", type=Path)
+    for p in (rel, hf):
+        p.add_argument("--license", default=None, help="the model card's licence field, e.g. cc-by-4.0")
     args = ap.parse_args(argv)
     try:
         if args.kind == "ctranslate2":
             out = export_ctranslate2(args.source, args.out, args.quantization)
+        elif args.kind == "transformers":
+            from mt.export.hugging_face import export_transformers
+
+            out = export_transformers(args.source, args.out, args.license)
         else:
-            out = export_release(args.source, args.out)
+            out = export_release(args.source, args.out, args.license)
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

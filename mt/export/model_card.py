@@ -30,7 +30,7 @@ def training_command(run_dir: Path) -> str | None:
     return " ".join(["python train.py", *[a for a in args if not a.startswith("run_dir=")]])
 
 
-def front_matter(data: dict, reports: list[dict], name: str) -> dict:
+def front_matter(data: dict, reports: list[dict], name: str, library: str = "mt", license: str | None = None) -> dict:
     languages = [lang for lang in (data.get("src_lang"), data.get("tgt_lang")) if lang]
     for direction in data.get("directions") or []:
         languages += [lang for lang in direction.split("-") if lang not in languages]
@@ -46,7 +46,11 @@ def front_matter(data: dict, reports: list[dict], name: str) -> dict:
         }
         for r in reports
     ]
-    meta = {"language": languages, "tags": ["translation"], "metrics": ["bleu", "chrf"], "library_name": "mt"}
+    meta = {"language": languages, "tags": ["translation"], "metrics": ["bleu", "chrf"], "library_name": library}
+    if library == "transformers":
+        meta["pipeline_tag"] = "translation"
+    if license:
+        meta["license"] = license
     if results:
         meta["model-index"] = [{"name": name, "results": results}]
     return meta
@@ -62,8 +66,23 @@ def parent_lines(run_dir: Path) -> list[str]:
             + (f", whose test scores were: {scores}." if scores else ".")]  # fmt: skip
 
 
-def model_card(ckpt: dict, model: Transformer, name: str) -> str:
-    """The card's Markdown, front matter first."""
+def licence_lines(license: str | None) -> list[str]:
+    if license is None:
+        return ["- Licence: not given at export; the training data's terms apply (set it with --license)."]
+    return [f"- Licence: {license}."]
+
+
+def model_card(
+    ckpt: dict,
+    model: Transformer,
+    name: str,
+    library: str = "mt",
+    use: list[str] | None = None,
+    license: str | None = None,
+    exported: str | None = None,
+) -> str:
+    """The card's Markdown, front matter first. `library`, `use` (the "Use" section's lines) and `exported` (a line
+    on how the files were made) for exports other than the release; `license`: the card's licence field."""
     config = ckpt.get("config") or {}
     data, decode, m = config.get("data", {}), config.get("decode", {}), model.cfg
     run_dir = run_files(ckpt)
@@ -73,7 +92,7 @@ def model_card(ckpt: dict, model: Transformer, name: str) -> str:
     n_params = sum(p.numel() for p in model.parameters())
     lines = [
         "---",
-        yaml.safe_dump(front_matter(data, reports, name), sort_keys=False).strip(),
+        yaml.safe_dump(front_matter(data, reports, name, library, license), sort_keys=False).strip(),
         "---",
         "",
         f"# {name}: {pair} Transformer",
@@ -94,6 +113,8 @@ def model_card(ckpt: dict, model: Transformer, name: str) -> str:
         f"- Command: `{command}`" if command else "- Command: not recorded with the checkpoint.",
         f"- Weights: {ckpt.get('chosen', 'the checkpoint exported')}.",
         *parent_lines(run_dir),
+        *([f"- {exported}"] if exported else []),
+        *licence_lines(license),
         "",
         "## Evaluation",
         "",
@@ -109,10 +130,10 @@ def model_card(ckpt: dict, model: Transformer, name: str) -> str:
     else:
         lines.append("No test report scores these weights: train.py's reports score the run's checkpoint_final.pt "
                      "(export the run dir to publish them).")  # fmt: skip
+    lines += ["", "## Use", ""]
+    if use is not None:
+        return "\n".join(lines + use)
     lines += [
-        "",
-        "## Use",
-        "",
         f"Decoding settings saved with the model: beam {decode.get('beam_size', '?')}, length penalty "
         f"{decode.get('length_penalty_type', 'gnmt')} {decode.get('length_penalty', '?')}.",
         "",
