@@ -83,6 +83,7 @@ def test_an_exported_run_loads_offline_and_translates_its_test_set_as_translate_
 
     run, out = exported
     files = {f.name for f in out.iterdir()}
+    assert all(f.stat().st_mode & 0o044 == 0o044 for f in out.iterdir())  # readable by others (umask 022)
     assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "README.md"} <= files
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     model = transformers.AutoModelForSeq2SeqLM.from_pretrained(out)

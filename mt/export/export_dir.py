@@ -46,6 +46,13 @@ def _previous_files(out: Path, kind: str, source: Path) -> list[str]:
     return [name for name in files if "/" not in name and name not in ("", ".", "..", MARKER)]
 
 
+def _file_mode() -> int:
+    """The permissions a new file gets under the process's umask (read with os.umask, which also sets it)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 @contextmanager
 def export_dir(out: Path, kind: str, source: Path) -> Iterator[Path]:
     """A staging directory to write the export into; when the block ends without error, its files replace the
@@ -61,7 +68,10 @@ def export_dir(out: Path, kind: str, source: Path) -> Iterator[Path]:
         if theirs:
             raise ConfigError(f"{out / theirs[0]}: a file this export did not write is in the way; move it or give "
                               "another directory")  # fmt: skip
+        mode = _file_mode()
         for name in written:
+            if (staging / name).is_file():  # as a file the user's umask makes (some writers create them 0600)
+                os.chmod(staging / name, mode)
             os.replace(staging / name, out / name)
         for name in set(previous) - set(written):  # an earlier export's file this one does not write again
             (out / name).unlink(missing_ok=True)
