@@ -20,7 +20,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mt.train import distributed, finetune
+from mt.train import auto_setup, distributed, finetune
 from mt.config import register_configs
 from mt.config_checks import to_dataclass
 from mt.data.corpus import prepare_data
@@ -48,6 +48,8 @@ def main(dcfg: DictConfig) -> None:
         distributed.check_shared_run_dir(run_dir)
         if rank != 0:
             logging.getLogger().setLevel(logging.WARNING)
+        if cfg.auto.enabled:  # the recipe chosen from the corpus and the budget (mt/train/auto.py)
+            cfg = auto_setup.configure(cfg, run_dir, list(HydraConfig.get().overrides.task))
         # Rank 0 trains the tokenizer and fills the cache (or `python -m mt.prepare` did); the others then reuse both.
         parent = finetune.load_parent(cfg, run_dir) if cfg.train.init_from else None
         if parent is not None:  # its architecture and tokenizer

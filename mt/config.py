@@ -219,12 +219,22 @@ class DecodeConfig:
 
 
 @dataclass
+class AutoConfig:
+    """`+experiment=auto` (mt/train/auto.py): the recipe chosen from the corpus and the budget."""
+
+    enabled: bool = False
+    # Time the candidate model shapes on this machine (seconds, cached); false: mt/train/probe.py's table
+    probe: bool = True
+
+
+@dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
+    auto: AutoConfig = field(default_factory=AutoConfig)
     run_dir: str = MISSING
 
 

@@ -24,6 +24,20 @@ from mt.config import (
 NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents")  # tokenizers.normalizers' classes
 
 
+def validate_auto(cfg: Config) -> None:
+    """What `+experiment=auto` cannot choose for."""
+    for key, set_, why in (
+        ("train.init_from", cfg.train.init_from, "a fine-tuning run keeps its parent's architecture and tokenizer"),
+        ("data.corpora", cfg.data.corpora, "the rule reads one corpus"),
+        ("data.directions", cfg.data.directions, "the rule reads one direction"),
+    ):
+        if set_:
+            raise ConfigError(f"+experiment=auto with {key}: {why}; drop one of them (set the recipe by hand)")
+    if not cfg.train.max_time and not cfg.train.max_updates:
+        raise ConfigError("+experiment=auto chooses the recipe for a budget: set train.max_time (minutes) or "
+                          "train.max_updates")  # fmt: skip
+
+
 def validate(cfg: Config) -> None:
     """Reject values the type system lets through but the code cannot use."""
     _choice("data.format", cfg.data.format, ("parallel", "tsv", "jsonl", "hub"))
@@ -48,6 +62,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError("tokenizer.pretokenize=moses tokenizes one source and one target language; a "
                           "data.directions run has several target languages: unset one of them")  # fmt: skip
     validate_corpora(cfg)
+    if cfg.auto.enabled:
+        validate_auto(cfg)
     for key, value, low in (
         ("data.max_len", cfg.data.max_len, 1),
         ("data.max_ratio", cfg.data.max_ratio, 1.0),

@@ -1,0 +1,108 @@
+"""`+experiment=auto` at the start of train.py: measure what the rule (mt/train/auto.py) reads, apply what it
+chooses except what the command line sets, log each choice with its reason, and keep the choices in the run dir
+(`auto.json`) so that resuming the run trains the same recipe."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from mt.config import Config, ConfigError
+from mt.data import read
+from mt.runtime import pick_device
+from mt.train import probe
+from mt.train.auto import NOTE, SHAPE_BY_PAIRS, SHAPES, Budget, Choice, CorpusStats, choose
+from mt.train.distributed import world_and_rank
+
+log = logging.getLogger(__name__)
+
+AUTO_FILE = "auto.json"
+GROUPS = ("data", "tokenizer", "model", "train", "decode")
+
+
+def explicit(overrides: list[str]) -> tuple[set[str], set[str]]:
+    """The dotted keys (`model.dropout=0.25`) and config groups (`model=transformer_base`) a command line sets."""
+    keys, groups = set(), set()
+    for item in overrides:
+        name = item.split("=", 1)[0].lstrip("+~")
+        if name in GROUPS:
+            groups.add(name)
+        elif "." in name:
+            keys.add(name)
+    return keys, groups
+
+
+def corpus_stats(cfg: Config) -> CorpusStats:
+    """Pairs with text on both sides in the training split (less the pairs held out for validation) and their
+    whitespace words per side."""
+    pairs = src_words = tgt_words = 0
+    for s, t in read.TextPairs.of_split(cfg.data, cfg.data.train_split):
+        pairs += 1
+        src_words += len(s.split())
+        tgt_words += len(t.split())
+    held = min(cfg.data.valid_from_train, pairs)
+    share = (pairs - held) / pairs
+    return CorpusStats(pairs - held, round(src_words * share), round(tgt_words * share))
+
+
+def budget(cfg: Config) -> Budget:
+    return Budget(minutes=cfg.train.max_time, updates=cfg.train.max_updates if not cfg.train.max_time else 0)
+
+
+def candidate_shapes(pairs: int) -> dict[str, dict]:
+    """The shapes the rule may pick for a corpus of `pairs`: its tier's and the ones below it."""
+    names = [name for _, name in SHAPE_BY_PAIRS]
+    top = next(name for bound, name in SHAPE_BY_PAIRS if pairs < bound)
+    return {name: SHAPES[name] for name in names[: names.index(top) + 1]}
+
+
+def set_key(cfg: Config, key: str, value) -> None:
+    section, name = key.split(".", 1)
+    setattr(getattr(cfg, section), name, value)
+
+
+def configure(cfg: Config, run_dir: Path, overrides: list[str]) -> Config:
+    """`cfg` with the rule's choices applied (in place), the block of reasons logged, `auto.json` written."""
+    if world_and_rank()[0] > 1:
+        raise ConfigError("+experiment=auto under torchrun: each process would time its own shapes; run it once on "
+                          f"one process and pass the choices it logs (its {AUTO_FILE}) as overrides")  # fmt: skip
+    keys, groups = explicit(overrides)
+    saved = run_dir / AUTO_FILE
+    if saved.is_file():  # a resumed run: the recipe it started with
+        record = json.loads(saved.read_text())
+        choices = [Choice(c["key"], c["value"], c["reason"]) for c in record["choices"]]
+        source = f"{saved} (chosen when this run started)"
+    else:
+        stats = corpus_stats(cfg)
+        device = pick_device(cfg.train.device)
+        precision = cfg.train.precision if cfg.train.precision in ("bf16", "fp16") else "fp32"
+        speed = probe.throughput(candidate_shapes(stats.pairs), device, precision, cfg.auto.probe)
+        choices = choose(stats, budget(cfg), speed)
+        record = {"corpus": vars(stats), "budget": vars(budget(cfg)), "speed": speed, "device": str(device)}
+        limit = f"{cfg.train.max_time:g} min" if cfg.train.max_time else f"{cfg.train.max_updates:,} updates"
+        source = f"{stats.pairs:,} pairs ({stats.src_words:,} / {stats.tgt_words:,} words) in {limit}"
+    lines = [f"auto: the recipe for {source}:"]
+    applied = []
+    for c in choices:
+        if c.key == NOTE:
+            lines.append(f"  {c.reason}")
+            continue
+        if c.key in keys or c.key.split(".")[0] in groups:
+            lines.append(f"  {c.key}={_value(cfg, c.key)}  (command line; the rule would set {c.value}: {c.reason})")
+            continue
+        set_key(cfg, c.key, c.value)
+        applied.append(c)
+        lines.append(f"  {c.key}={c.value}  ({c.reason})")
+    for line in lines:
+        (log.warning if "WARNING" in line else log.info)(line)
+    record["choices"] = [vars(c) for c in choices]
+    record["applied"] = [c.key for c in applied]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(record, indent=1) + "\n")
+    return cfg
+
+
+def _value(cfg: Config, key: str):
+    section, name = key.split(".", 1)
+    return getattr(getattr(cfg, section), name)

@@ -1,0 +1,159 @@
+"""`+experiment=auto`: the rule as a pure function (corpus, budget, speed) -> settings, the command line winning over
+it, the probe's cache, and a run that trains with it."""
+
+import json
+import logging
+import random
+import subprocess
+import sys
+
+import pytest
+
+from mt.config import Config, ConfigError, DataConfig
+from mt.train import auto_setup, probe
+from mt.train.auto import NOTE, Budget, CorpusStats, choose
+from tests.conftest import ROOT
+
+MULTI30K = CorpusStats(29_000, 348_000, 330_000)  # Multi30k En->De's training split (words per side, rounded)
+SPEED = {"compact": 9_000.0, "small": 3_000.0, "base": 600.0}  # padded tokens/s, probe.TABLE's scale
+
+
+def settings(corpus, budget, speed=SPEED) -> dict:
+    return {c.key: c.value for c in choose(corpus, budget, speed) if c.key != NOTE}
+
+
+# (case, corpus, budget, speed, expected settings)
+TABLE = [
+    (
+        "Multi30k in 5 minutes: the quickstart's recipe (the measured winner there)",
+        MULTI30K,
+        Budget(minutes=5),
+        SPEED,
+        {"model.norm": "pre", "train.schedule": "constant", "train.lr": 3e-3, "train.cooldown": 0.3,
+         "train.max_tokens": 2_500, "train.accumulate": 1, "model.dropout": 0.1, "model.d_model": 128,
+         "tokenizer.vocab_size": 8_000, "train.average_last": 0},
+    ),
+    (
+        "Multi30k in 56 minutes: fairseq's recipe (the measured winner there)",
+        MULTI30K,
+        Budget(minutes=56),
+        SPEED,
+        {"model.norm": "post", "model.init": "fairseq", "train.schedule": "inverse_sqrt", "train.lr": 5e-3,
+         "train.max_tokens": 4_096, "train.accumulate": 2, "model.dropout": 0.3, "model.d_ff": 512,
+         "train.average_last": 10, "train.keep_last": 10, "train.label_smoothing": 0.1},
+    ),
+    (
+        "5,000 pairs in 20 minutes: a small vocabulary, many epochs, FLoRes' regularization",
+        CorpusStats(4_500, 45_000, 48_000),
+        Budget(minutes=20),
+        SPEED,
+        {"tokenizer.vocab_size": 2_000, "model.dropout": 0.3, "model.attention_dropout": 0.1,
+         "model.activation_dropout": 0.1, "train.label_smoothing": 0.2, "model.d_model": 128},
+    ),
+    (
+        "2M pairs on a fast GPU: the base model",
+        CorpusStats(2_000_000, 50_000_000, 52_000_000),
+        Budget(minutes=600),
+        {"compact": 900_000.0, "small": 400_000.0, "base": 150_000.0},
+        {"model.d_model": 512, "model.encoder_layers": 6, "tokenizer.vocab_size": 32_000, "model.norm": "post"},
+    ),
+    (
+        "2M pairs on two CPU cores for an hour: too slow for base and small, the compact shape",
+        CorpusStats(2_000_000, 50_000_000, 52_000_000),
+        Budget(minutes=60),
+        SPEED,
+        {"model.d_model": 128, "model.dropout": 0.1},
+    ),
+    (
+        "a budget in updates: the same rule without the speed",
+        MULTI30K,
+        Budget(updates=4_000),
+        SPEED,
+        {"train.warmup": 1_000, "train.valid_every": 400, "model.norm": "post"},
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case, corpus, budget, speed, expected", TABLE, ids=[row[0] for row in TABLE])
+def test_the_rule_chooses_by_corpus_and_budget(case, corpus, budget, speed, expected):
+    got = settings(corpus, budget, speed)
+    assert {k: got[k] for k in expected} == expected
+    assert all(c.reason for c in choose(corpus, budget, speed))  # every choice says why
+
+
+def test_the_rule_warns_of_a_budget_under_one_epoch_and_refuses_what_it_cannot_train():
+    notes = [c.reason for c in choose(CorpusStats(500_000, 9_000_000, 9_000_000), Budget(minutes=2), SPEED)
+             if c.key == NOTE]  # fmt: skip
+    assert len(notes) == 1 and "less than one pass over the data" in notes[0]
+    with pytest.raises(ConfigError, match="fewer than 1,000: too few"):
+        choose(CorpusStats(900, 9_000, 9_000), Budget(minutes=10), SPEED)
+    with pytest.raises(ConfigError, match="set train.max_time"):
+        choose(MULTI30K, Budget(), SPEED)
+
+
+def test_the_command_line_wins_and_the_log_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
+    cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
+    cfg.train.max_time, cfg.auto.probe, cfg.model.dropout, cfg.tokenizer.vocab_size = 56, False, 0.25, 500
+    with caplog.at_level(logging.INFO):
+        auto_setup.configure(cfg, tmp_path, ["+experiment=auto", "model.dropout=0.25", "tokenizer=bpe32k"])
+    assert cfg.model.dropout == 0.25 and cfg.tokenizer.vocab_size == 500  # a key and a group the command line set
+    assert cfg.model.norm == "post" and cfg.train.lr == 5e-3  # the rule's
+    log = caplog.text
+    assert "model.dropout=0.25  (command line; the rule would set 0.3" in log
+    assert "tokenizer.vocab_size=500  (command line" in log and "model.norm=post  (" in log
+    record = json.loads((tmp_path / "auto.json").read_text())
+    assert "model.dropout" not in record["applied"] and "model.norm" in record["applied"]
+
+
+def test_a_resumed_run_keeps_the_recipe_it_started_with(tmp_path, monkeypatch):
+    monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
+    first = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
+    first.train.max_time, first.auto.probe = 56, False
+    auto_setup.configure(first, tmp_path, [])
+    monkeypatch.setattr(probe, "TABLE", {name: 10.0 for name in probe.TABLE})  # a much slower machine now
+    again = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
+    again.train.max_time, again.auto.probe = 56, False
+    auto_setup.configure(again, tmp_path, [])
+    assert again == first and again.model.norm == "post"
+
+
+def test_the_probe_measures_each_shape_once_per_machine(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("MT_CACHE", str(tmp_path))
+    calls = []
+    measure = probe.measure
+    monkeypatch.setattr(probe, "measure", lambda shape, device, precision: calls.append(shape) or 1234.0)
+    shapes = {"compact": {"d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 1}}
+    cpu = torch.device("cpu")
+    assert probe.throughput(shapes, cpu, "fp32") == {"compact": 1234.0}
+    assert probe.throughput(shapes, cpu, "fp32") == {"compact": 1234.0} and len(calls) == 1  # cached
+    assert probe.throughput(shapes, cpu, "bf16") and len(calls) == 2  # another precision: measured again
+    assert probe.throughput(shapes, cpu, "fp32", probe=False) == {"compact": probe.TABLE["compact"]}
+    assert list(json.loads((tmp_path / "throughput.json").read_text())) == sorted(
+        probe.cache_key("compact", shapes["compact"], cpu, p) for p in ("bf16", "fp32")
+    )
+    assert measure(shapes["compact"], cpu) > 0  # the real measurement runs
+
+
+def test_train_py_with_auto_logs_its_choices_and_the_command_line_wins(tmp_path):
+    rng = random.Random(0)
+    words = "the a cat dog sees runs big small red house tree and".split()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, n in (("train", 1_200), ("valid", 30), ("test", 20)):
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(2, 9))) for _ in range(n)]
+        (corpus / f"{split}.xx").write_text("\n".join(src) + "\n")
+        (corpus / f"{split}.yy").write_text("\n".join(" ".join(s.split()[::-1]) for s in src) + "\n")
+    run = tmp_path / "run"
+    p = subprocess.run([sys.executable, "train.py", "+experiment=auto", "data=local", f"data.dir={corpus}",
+                        "data.src_lang=xx", "data.tgt_lang=yy", "train.max_updates=4", "auto.probe=false",
+                        "model.dropout=0.25", "train.device=cpu", "train.progress=false", "train.tensorboard=false",
+                        f"run_dir={run}"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "auto: the recipe for 1,200 pairs" in p.stderr
+    assert "model.dropout=0.25  (command line" in p.stderr and "tokenizer.vocab_size=2000  (" in p.stderr
+    resolved = (run / "config.resolved.yaml").read_text()
+    assert "dropout: 0.25" in resolved and "vocab_size: 2000" in resolved
+    assert (run / "auto.json").is_file()
