@@ -262,6 +262,14 @@ def _to_transformers(model: dict | None = None, data: dict | None = None, tokeni
     return setup
 
 
+def _transformers_export(c, r, t):
+    """A folder that looks like `mt.export transformers` wrote it, given to translate.py."""
+    (t / "hf").mkdir()
+    write(t / "hf" / "mt_export.json", "{}")
+    write(t / "hf" / "model.safetensors", b"")
+    return [f"checkpoint={t / 'hf'}"], "a dog\n"
+
+
 def _separate_tokenizers():
     ckpt = {}
 
@@ -495,6 +503,12 @@ ROWS = [
         "export",
         _to_transformers(data={"directions": ["xx-yy", "xx-zz"]}),
         "a multilingual model (data.directions)",
+    ),
+    (
+        "translate_a_transformers_export",
+        "translate",
+        _transformers_export,
+        "a Hugging Face transformers export, loaded by transformers",
     ),
     ("transformers_two_tokenizers", "export", _separate_tokenizers(), "a transformers tokenizer holds one vocabulary"),
     (

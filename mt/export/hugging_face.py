@@ -311,7 +311,8 @@ def export_transformers(source: str, out_dir: Path, license: str | None = None) 
 def generate_ids(hf, sources: list[list[int]], decode: DecodeConfig, batch_size: int = 64) -> list[list[int]]:
     """Translate source ids (without </s>) with transformers' `generate` under this project's per-line length limit
     (`max_len_a` x source tokens, </s> included, + `max_len_b`): lines are grouped by their limit, which becomes
-    `max_new_tokens`. Returns the output ids without <s> and </s>, in the order of `sources`."""
+    `max_length` (`max_new_tokens` plus the decoder's <s>). Returns the output ids without <s> and </s>, in the
+    order of `sources`."""
     positions = hf.config.max_position_embeddings
     cap = min(positions - 1, decode.max_len or positions)  # as `output_cap`
     limit = [max(1, min(cap, int((len(s) + 1) * decode.max_len_a + decode.max_len_b))) for s in sources]
@@ -324,7 +325,8 @@ def generate_ids(hf, sources: list[list[int]], decode: DecodeConfig, batch_size:
             ids = torch.full((len(part), longest), PAD)
             for j, i in enumerate(part):
                 ids[j, : len(sources[i]) + 1] = torch.tensor(sources[i] + [EOS])
-            gen = hf.generate(input_ids=ids, attention_mask=ids.ne(PAD).long(), max_new_tokens=n,
+            # max_length counts the decoder's <s>: n new tokens, the last one forced to </s> as here
+            gen = hf.generate(input_ids=ids, attention_mask=ids.ne(PAD).long(), max_length=n + 1,
                               num_beams=decode.beam_size, do_sample=False)  # fmt: skip
             for j, i in enumerate(part):
                 row = gen[j, 1:].tolist()

@@ -98,7 +98,11 @@ def model_card(
         f"# {name}: {pair} Transformer",
         "",
         f"A Transformer encoder-decoder (Vaswani et al. 2017) translating {pair}, trained from raw parallel text "
-        "with the `mt` toolkit (its train.py, translate.py and serve.py load this directory).",
+        + (
+            "with the `mt` toolkit (its train.py, translate.py and serve.py load this directory)."
+            if library == "mt"
+            else f"with the `mt` toolkit and exported for {library} (which loads this directory)."
+        ),
         "",
         "## Model",
         "",

@@ -60,6 +60,9 @@ def load(path: str | Path) -> dict:
     """Load a checkpoint onto the CPU: a .pt file, a run dir (its final, else best, else last checkpoint), a release
     dir (`mt.export release`: safetensors, no pickle) or a CTranslate2 export (`mt.export ctranslate2`)."""
     path = Path(path)
+    if path.is_dir() and (path / "mt_export.json").is_file():  # mt.export transformers
+        raise CheckpointError(f"{path}: a Hugging Face transformers export, loaded by transformers "
+                              "(AutoModelForSeq2SeqLM); give the run dir or a release instead")  # fmt: skip
     if path.is_dir() and (path / "model.safetensors").is_file():
         return load_release(path)
     if path.is_dir() and (path / "mt.json").is_file():
