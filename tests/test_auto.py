@@ -157,3 +157,6 @@ def test_train_py_with_auto_logs_its_choices_and_the_command_line_wins(tmp_path)
     resolved = (run / "config.resolved.yaml").read_text()
     assert "dropout: 0.25" in resolved and "vocab_size: 2000" in resolved
     assert (run / "auto.json").is_file()
+    report = (run / "test.report.md").read_text()
+    assert "recipe: +experiment=auto (auto.json): tokenizer.vocab_size=2000" in report
+    assert "model.dropout=" not in report  # the command line's, not the rule's

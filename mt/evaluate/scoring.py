@@ -104,7 +104,7 @@ def report_markdown(r: dict) -> str:
     if r.get("lowercased_model"):
         lines += ["The model lowercases (`tokenizer.normalization`): its lowercased BLEU is its score; the cased",
                   "BLEU and chrF also count the capitals it cannot produce.", ""]  # fmt: skip
-    for key in ("sentences", "sentences_per_s", "tokens_per_s", "decode", "precision", "checkpoint"):
+    for key in ("sentences", "sentences_per_s", "tokens_per_s", "decode", "precision", "checkpoint", "recipe"):
         if key in r:
             val = f"{r[key]:.1f}" if isinstance(r[key], float) else r[key]
             lines.append(f"- {key.replace('_', ' ')}: {val}")

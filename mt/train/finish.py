@@ -3,6 +3,7 @@ translate and score the test splits."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import shlex
@@ -54,6 +55,17 @@ def finish(trainer) -> dict:
     for line in where_it_went(run_dir, reports):
         log.info("%s", line)
     return {"checkpoint": tag, "reports": reports}
+
+
+def auto_recipe(run_dir: Path) -> dict:
+    """{"recipe": "+experiment=auto: key=value, ..."} for a run whose settings `+experiment=auto` chose (its
+    auto.json, mt/train/auto_setup.py), else {}."""
+    path = run_dir / "auto.json"
+    if not path.is_file():
+        return {}
+    record = json.loads(path.read_text())
+    chosen = {c["key"]: c["value"] for c in record["choices"] if c["key"] in record["applied"]}
+    return {"recipe": "+experiment=auto (auto.json): " + ", ".join(f"{k}={v}" for k, v in chosen.items())}
 
 
 def where_it_went(run_dir: Path, reports: list[dict]) -> list[str]:
@@ -118,6 +130,7 @@ def evaluate_splits(trainer, splits: list[str], tag: str, extra: list | None = N
         n_tokens = sum(len(h[0].tokens) for h in hyps)
         speed = {"sentences_per_s": len(texts) / seconds, "tokens_per_s": n_tokens / seconds}
         about = {**speed, "decode": asdict(cfg.decode), "precision": "fp32", "checkpoint": tag}
+        about |= auto_recipe(trainer.run_dir)
         report = write_report(
             trainer.run_dir, split, list(ds["src"]), texts, list(ds["tgt"]), about, vocabs.tgt.lowercases
         )
