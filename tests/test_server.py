@@ -263,6 +263,30 @@ def test_a_killed_worker_is_restarted_and_its_requests_answered(toy_vocab):
         assert client.get("/info").json()["served"]["restarts"] == 1
 
 
+def test_a_worker_that_fails_at_once_restarts_with_growing_waits_not_in_a_busy_loop():
+    """Before: a worker whose `run` failed as soon as it started was restarted at once, forever, starving the
+    event loop (thousands of restarts a second)."""
+    import asyncio
+
+    from mt.serve.batching import Batcher
+
+    batcher = Batcher.__new__(Batcher)
+    batcher.restarts, batcher.taken = 0, []
+
+    async def broken():
+        raise RuntimeError("no device")
+
+    batcher.run = broken
+
+    async def for_a_second():
+        task = asyncio.get_running_loop().create_task(batcher.supervise())
+        await asyncio.sleep(1.0)
+        task.cancel()
+
+    asyncio.run(for_a_second())
+    assert 3 <= batcher.restarts <= 6  # waits 0.05, 0.1, 0.2, 0.4 s...: 5 restarts in a second, not thousands
+
+
 def test_a_request_whose_client_left_mid_decode_does_not_kill_the_worker(toy_vocab, monkeypatch):
     """Before: set_result on the future of a request that had gone raised InvalidStateError in the worker."""
     release = threading.Event()

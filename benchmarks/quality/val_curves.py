@@ -1,4 +1,4 @@
-"""Validation loss against updates, this project's runs beside fairseq's (issue 62), in one PNG.
+"""Validation loss against updates, this project's runs beside fairseq's (issue 62), in one PNG and a table.
 
     python benchmarks/quality/val_curves.py --ours /work/runs/fsq_replica.s1 --fairseq /tmp/mt-peers/fairseq.s1 \
         --out docs/issue62_val_curves.png
@@ -62,6 +62,7 @@ def main() -> None:
     ap.add_argument("--ours", type=Path, nargs="*", default=[], help="this project's run dirs")
     ap.add_argument("--fairseq", type=Path, nargs="*", default=[], help="run.sh's WORK dirs")
     ap.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    ap.add_argument("--title", default="Validation loss: this project's fairseq replica beside fairseq (issue 62)")
     args = ap.parse_args()
     import matplotlib
 
@@ -70,18 +71,25 @@ def main() -> None:
 
     words = reference_words()
     fig, ax = plt.subplots(figsize=(8, 5))
+    table: dict[str, dict[int, float]] = {}
     for kind, paths, read, style in (("mt", args.ours, ours, "-"), ("fairseq", args.fairseq, fairseq, "--")):
         for path in paths:
             points = read(path)
+            table[path.name] = {u: n / words for u, n in points}
             if not points:
                 sys.exit(f"error: {path}: no validation records; see the module docstring")
             ax.plot([u for u, _ in points], [n / words for _, n in points], style, label=f"{kind}: {path.name}")
             last = points[-1]
             print(f"{kind:8s} {path}: {len(points)} validations, last at update {last[0]}: "
                   f"{last[1] / words:.4f} nats per reference word")  # fmt: skip
+    updates = sorted({u for points in table.values() for u in points})
+    print("| update | " + " | ".join(table) + " |")
+    print("|---|" + "---|" * len(table))
+    for u in updates:
+        print(f"| {u:,} | " + " | ".join(f"{t[u]:.3f}" if u in t else "" for t in table.values()) + " |")
     ax.set_xlabel("updates")
     ax.set_ylabel("val NLL, nats per reference word (Multi30k val.de)")
-    ax.set_title("Validation loss: this project's fairseq replica beside fairseq (issue 62)")
+    ax.set_title(args.title)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()

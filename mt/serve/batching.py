@@ -27,6 +27,10 @@ from mt.decode.search import Hypothesis
 
 log = logging.getLogger(__name__)
 
+# The decoding worker's restarts after failures (Batcher.supervise): a failure within RESTART_QUIET_S of the last
+# start waits RESTART_FIRST_WAIT_S, then twice as long each time, at most RESTART_MAX_WAIT_S.
+RESTART_QUIET_S, RESTART_FIRST_WAIT_S, RESTART_MAX_WAIT_S = 1.0, 0.05, 5.0
+
 
 class BadRequest(Exception):
     def __init__(self, status: int, message: str, headers: dict | None = None):
@@ -211,7 +215,9 @@ class Batcher:
 
     async def supervise(self) -> None:
         """`run`, started again whenever an exception escapes it; the requests it held get a 503."""
+        loop, delay = asyncio.get_running_loop(), 0.0
         while True:
+            started = loop.time()
             try:
                 await self.run()
             except Exception:
@@ -220,6 +226,12 @@ class Batcher:
                 for job in self.taken:
                     if not job.done.done():
                         job.done.set_exception(BadRequest(503, "the decoding worker failed; retry the request"))
+                # A worker that fails again as soon as it starts (a broken device, a model that cannot decode)
+                # would restart in a busy loop that starves the event loop: wait, twice as long each time, up to
+                # RESTART_MAX_WAIT_S; a worker that ran for a while restarts at once.
+                quick = loop.time() - started < RESTART_QUIET_S
+                delay = min(max(2 * delay, RESTART_FIRST_WAIT_S), RESTART_MAX_WAIT_S) if quick else 0.0
+                await asyncio.sleep(delay)
 
     def start(self) -> None:
         self.worker = asyncio.get_running_loop().create_task(self.supervise())
