@@ -101,7 +101,8 @@ def fill(command: str, run: Path, tmp: Path) -> str:
     """`command` with its placeholders filled: run dirs (the README's own in `tmp`), and files in `tmp` (written by
     the test), and made short (`SHORTER`)."""
     names = {"RUN_DIR": run, "RUN_A": run, "RUN_B": run, "runs/quickstart_en-de": tmp / "quickstart",
-             "runs/emea": tmp / "emea", "release/": tmp / "release", "ct2/": tmp / "ct2"}  # fmt: skip
+             "runs/emea": tmp / "emea", "release/": tmp / "release", "ct2/": tmp / "ct2",
+             "hf/": tmp / "hf"}  # fmt: skip
     for name in ("test.en", "test.hyp", "test.de", "mono.de", "bt.en", "document.en", "document.de", "terms.tsv",
                  "A.hyp", "B.hyp"):  # fmt: skip
         names[name] = tmp / name
