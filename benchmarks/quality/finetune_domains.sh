@@ -2,7 +2,7 @@
 # Issue 44's measurement: what fine-tuning a trained En->De model buys on real domains, against training from
 # scratch in the same minutes, and what it costs on the parent's own domain (Multi30k).
 #
-#   PARENT=/work/runs/en_de_parent bash benchmarks/quality/finetune_domains.sh            # all domains, 10-minute runs
+#   PARENT=runs/en_de_parent bash benchmarks/quality/finetune_domains.sh            # all domains, 10-minute runs
 #   PARENT=... DOMAINS=opus_emea_de_en MINUTES=1 OUT=/tmp/ft bash benchmarks/quality/finetune_domains.sh   # a smoke run
 #
 # For each domain D of ../shared/data (OPUS samples: 500 training pairs held out as val; IWSLT TED: its val):
@@ -19,7 +19,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 PARENT=${PARENT:?set PARENT to the run dir of the En->De recipe (python train.py +experiment=multi30k_en_de)}
 DATA=${DATA:-$ROOT/../shared/data}
-OUT=${OUT:-/work/runs/finetune}
+OUT=${OUT:-runs/finetune}
 MINUTES=${MINUTES:-10}
 PARENT_MINUTES=${PARENT_MINUTES:-56}
 MIX_WEIGHT=${MIX_WEIGHT:-0.3}  # chosen on EMEA val with MIX_LR (docs/experiments.md, "mixing ... at a lower rate")

@@ -28,7 +28,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 DATA=${DATA:-$ROOT/../shared/data}
-OUT=${OUT:-/work/runs/trials}
+OUT=${OUT:-runs/trials}
 MINUTES=${MINUTES:-56}
 SEEDS=${SEEDS:-1}
 WARMUP=${WARMUP:-}  # replica and r_*: run.sh's warmup on this host, unless the trial sets its own (r_const)

@@ -19,7 +19,7 @@
 #
 #   SEEDS="1 2 3" FAIRSEQ='/tmp/mt-peers/fairseq.s{seed}' bash benchmarks/quality/rematch.sh base
 #
-# Runs are read from OUT (default /work/runs/trials: every NAME.sSEED of SEEDS), fairseq's outputs from FAIRSEQ
+# Runs are read from OUT (default runs/trials: every NAME.sSEED of SEEDS), fairseq's outputs from FAIRSEQ
 # (default /tmp/mt-peers/fairseq: hyp.test and hyp.iwslt_test). Each run translates the IWSLT test set once
 # (OUT/NAME.sSEED/iwslt_test.hyp, with the run's own model and decode settings). Tables go to stdout and to
 # OUT/rematch.{test,iwslt}.{md,json}, or with pairs to OUT/rematch.sSEED.{test,iwslt}.{md,json}.
@@ -27,7 +27,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
 DATA=${DATA:-$ROOT/../shared/data}
-OUT=${OUT:-/work/runs/trials}
+OUT=${OUT:-runs/trials}
 FAIRSEQ=${FAIRSEQ:-/tmp/mt-peers/fairseq}
 SEEDS=${SEEDS:-1 2 3}
 IWSLT=$DATA/iwslt_ted_de_en
