@@ -1,6 +1,6 @@
 """Validation loss against updates, this project's runs beside fairseq's (issue 62), in one PNG and a table.
 
-    python benchmarks/quality/val_curves.py --ours /work/runs/fsq_replica.s1 --fairseq /tmp/mt-peers/fairseq.s1 \
+    python benchmarks/quality/val_curves.py --ours runs/fsq_replica.s1 --fairseq runs/fairseq.s1 \
         --out docs/issue62_val_curves.png
 
 The two toolkits segment the val set with their own BPE (this project's tokenizer; subword-nmt in fairseq's
