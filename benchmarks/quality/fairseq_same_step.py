@@ -1,4 +1,4 @@
-"""Issue 62's code-path check: this project's replica model and fairseq 0.12's `transformer` with the same weights
+"""Code-path check: this project's replica model and fairseq 0.12's `transformer` with the same weights
 on the same batch: the same logits, label-smoothed loss, gradients, and loss under dropout?
 
     python benchmarks/quality/fairseq_same_step.py                         # a random model and batch

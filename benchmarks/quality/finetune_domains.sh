@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 44's measurement: what fine-tuning a trained En->De model buys on real domains, against training from
+# Measurement: what fine-tuning a trained En->De model buys on real domains, against training from
 # scratch in the same minutes, and what it costs on the parent's own domain (Multi30k).
 #
 #   PARENT=runs/en_de_parent bash benchmarks/quality/finetune_domains.sh            # all domains, 10-minute runs
@@ -22,7 +22,7 @@ DATA=${DATA:-$ROOT/../shared/data}
 OUT=${OUT:-runs/finetune}
 MINUTES=${MINUTES:-10}
 PARENT_MINUTES=${PARENT_MINUTES:-56}
-MIX_WEIGHT=${MIX_WEIGHT:-0.3}  # chosen on EMEA val with MIX_LR (docs/experiments.md, "mixing ... at a lower rate")
+MIX_WEIGHT=${MIX_WEIGHT:-0.3}  # chosen on EMEA val with MIX_LR (docs/experiments/finetune.md, "mixing ... at a lower rate")
 MIX_LR=${MIX_LR:-1e-3}         # (b)'s learning rate
 RUNS=${RUNS:-a b c d}          # which of the runs below to train now (a later call adds the rest)
 DOMAINS=${DOMAINS:-opus_emea_de_en opus_jrc_acquis_de_en opus_kde4_de_en opus_ted2020_de_en iwslt_ted_de_en}

@@ -1,4 +1,4 @@
-"""Issue 45's measurement: translating paragraphs, without and with sentence splitting (mt/decode/segment.py), against
+"""Measurement: translating paragraphs, without and with sentence splitting (mt/decode/segment.py), against
 translating their sentences one per line.
 
     python benchmarks/quality/paragraphs.py RUN                 # Multi30k test_2016_flickr and IWSLT TED test, En->De

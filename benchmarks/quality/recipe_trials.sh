@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Issue 47's trials: changes to the En->De recipe (conf/experiment/multi30k_en_de.yaml), each a 56-minute run with
+# Trials: changes to the En->De recipe (conf/experiment/multi30k_en_de.yaml), each a 56-minute run with
 # the machine alone, chosen on the whole val set (1,014 sentences; never test), then the finalist against the
-# recipe with several seeds. Issue 62's walk: `replica` (fairseq's recipe mirrored,
+# recipe with several seeds. The walk: `replica` (fairseq's recipe mirrored,
 # conf/experiment/multi30k_en_de_fairseq.yaml) and the r_* trials, each one change from it toward this project's
-# recipe (r_xavier: this project's initialization; the replica has fairseq's since session 41).
+# recipe (r_xavier: this project's initialization; the replica has fairseq's).
 #
 #   bash benchmarks/quality/recipe_trials.sh base big              # train what is missing, then the val table
 #   SEEDS="1 2 3" bash benchmarks/quality/recipe_trials.sh base big_d3   # the 3-seed confirmation
-#   bash benchmarks/quality/recipe_trials.sh replica r_cased r_prenorm   # issue 62's walk, against the replica
+#   bash benchmarks/quality/recipe_trials.sh replica r_cased r_prenorm   # the walk, against the replica
 #   WARMUP=500 bash benchmarks/quality/recipe_trials.sh replica r_cased   # the warmup fairseq's run.sh computed on
 #                                     # this host (its log: "updates, warmup N"), for replica and r_* trials
 #   MINUTES=3 OUT=/tmp/trials bash benchmarks/quality/recipe_trials.sh base   # a smoke run
@@ -35,7 +35,7 @@ WARMUP=${WARMUP:-}  # replica and r_*: run.sh's warmup on this host, unless the 
 UPDATES=${UPDATES:-}  # stop each run at this many updates too (a GPU's walk at the CPU hour's update count)
 DEVICE=${DEVICE:-cpu}  # where the runs train and decode
 JOBS=${JOBS:-1}  # runs trained at once, each logging to OUT/NAME.sSEED.log (a GPU has room for several small ones)
-PAIR=${PAIR:-en-de}  # the direction: en-de (issue 47's and 62's recipe) or de-en (its runs are NAME.de-en.sSEED)
+PAIR=${PAIR:-en-de}  # the direction: en-de (the recipe trials and the walk) or de-en (its runs are NAME.de-en.sSEED)
 M30K=$DATA/multi30k
 case $PAIR in
     en-de) SRC=en TGT=de TAG="" ;;
@@ -43,7 +43,7 @@ case $PAIR in
     *) echo "error: PAIR=$PAIR: give en-de or de-en" >&2; exit 2 ;;
 esac
 
-overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to docs/experiments.md)
+overrides() {  # the overrides of trial $1 (one hypothesis each; results go to docs/experiments/recipes.md)
     case $1 in
         base) echo "train.keep_last=10" ;;  # the recipe as it is (10 epoch checkpoints kept on disk, for avg10)
         big) echo "train.accumulate=3 train.lr=4e-3 train.warmup=150" ;;  # ~7.5k-token updates, twice the peak lr
@@ -53,9 +53,9 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
         rdrop) echo "train.rdrop_alpha=3" ;;                          # R-Drop (2x compute per update)
         wdrop) echo "train.tgt_word_dropout=0.1" ;;                   # target-side word dropout
         lower) echo "tokenizer.normalization=NFC+Lowercase" ;;        # trained lowercased, as fairseq's recipe
-        finit) echo "model.init=fairseq" ;;  # fairseq's initialization, issue 62's implementation finding
+        finit) echo "model.init=fairseq" ;;  # fairseq's initialization, the implementation finding
         const) echo "train.schedule=constant" ;;  # De->En's trial of En->De's schedule: both recipes have it now
-        # issue 62: fairseq's recipe mirrored, then one change at a time toward this project's
+        # the walk: fairseq's recipe mirrored, then one change at a time toward this project's
         replica) echo "" ;;
         r_xavier) echo "model.init=xavier" ;;                         # this project's initialization
         r_cased) echo "tokenizer.normalization=NFC" ;;                # cased text, what users read
@@ -82,7 +82,7 @@ overrides() {  # the overrides of trial $1 (issue 47's hypotheses; results go to
     esac
 }
 
-experiment() {  # the recipe a trial changes: issue 62's replica for replica and r_*, else the pair's recipe
+experiment() {  # the recipe a trial changes: the replica for replica and r_*, else the pair's recipe
     case $1 in replica | r_*) echo multi30k_en_de_fairseq ;; *) echo "multi30k_${SRC}_$TGT" ;; esac
 }
 direction() {  # the replica's config is En->De's: turned round for PAIR=de-en (the pair's own recipes need nothing)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 47's rematch, scored: fairseq's Multi30k row against this project's runs (several seeds of several
+# Rematch, scored: fairseq's Multi30k row against this project's runs (several seeds of several
 # recipes), on test_2016_flickr and, out of domain, on IWSLT TED's test set (tst2014), each table by paired
 # bootstrap with fairseq's output as the baseline (python -m mt.compare: sacreBLEU's paired_bs, 1,000 resamples).
 #
@@ -73,7 +73,7 @@ for group in $groups; do
 done
 
 # Per test set and recipe: the means over its seeds of each metric (its own and fairseq's; with pairs, each seed's
-# own fairseq run) and of the difference, with every seed's p-value (issue 47's goal: +1.5 lowercased BLEU on
+# own fairseq run) and of the difference, with every seed's p-value (the goal: +1.5 lowercased BLEU on
 # test_2016_flickr, p < 0.05).
 python - "${tables[@]}" <<'PY'
 import json, sys

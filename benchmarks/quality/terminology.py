@@ -1,4 +1,4 @@
-"""Issue 46's measurements of lexically constrained decoding (mt/decode/constraints.py), in one process per mode.
+"""Measurements of lexically constrained decoding (mt/decode/constraints.py), in one process per mode.
 
     python benchmarks/quality/terminology.py constraints RUN            # Multi30k test_2016_flickr, En->De
     python benchmarks/quality/terminology.py glossary RUN --data ../shared/data/opus_emea_de_en

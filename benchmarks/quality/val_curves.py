@@ -1,7 +1,7 @@
-"""Validation loss against updates, this project's runs beside fairseq's (issue 62), in one PNG and a table.
+"""Validation loss against updates, this project's runs beside fairseq's, in one PNG and a table.
 
     python benchmarks/quality/val_curves.py --ours runs/fsq_replica.s1 --fairseq runs/fairseq.s1 \
-        --out docs/issue62_val_curves.png
+        --out docs/val_curves_fairseq.png
 
 The two toolkits segment the val set with their own BPE (this project's tokenizer; subword-nmt in fairseq's
 run.sh), so their losses per target token are not comparable. Both are turned into the same unit: nats per
@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--ours", type=Path, nargs="*", default=[], help="this project's run dirs")
     ap.add_argument("--fairseq", type=Path, nargs="*", default=[], help="run.sh's WORK dirs")
     ap.add_argument("--out", type=Path, required=True, help="the PNG to write")
-    ap.add_argument("--title", default="Validation loss: this project's fairseq replica beside fairseq (issue 62)")
+    ap.add_argument("--title", default="Validation loss: this project's fairseq replica beside fairseq")
     args = ap.parse_args()
     import matplotlib
 

@@ -1,4 +1,4 @@
-"""Hostile requests against serve.py on loopback (issue 63): what each does to the requests beside it.
+"""Hostile requests against serve.py on loopback: what each does to the requests beside it.
 
     python benchmarks/reliability/serve_abuse.py RUN_DIR [--root CHECKOUT] [--moses MOSES_RUN] [--out results.json]
 

@@ -2,12 +2,13 @@
 requests and one request at a time.
 
     python benchmarks/reliability/serve_load.py RUN_DIR [--clients 1 8 32] [--requests 20] [--max-seconds 120]
+        [--plot docs/serve_load.png]
 
 Starts `serve.py checkpoint=RUN_DIR` twice on a free port: as configured (requests that arrive together are
 decoded together) and with `batch_tokens=1` (each request decoded alone, the reference). Each of N client threads
 sends M requests of 1-8 real Multi30k sentences (val, English) and waits for each answer; every run stops by
 itself after M requests per client or `--max-seconds`. Prints sentences/s, p50/p99 latency and errors per row, and
-the batched/alone throughput ratio.
+the batched/alone throughput ratio; `--plot` also draws sentences/s and p99 latency against clients, both modes.
 
     python benchmarks/reliability/serve_load.py RUN_DIR --team --clients 8 --requests 12 [--limit 120] [--greedy-s 20]
 
@@ -20,7 +21,7 @@ and p99 of each and their ratio. `--ab` sends the load with ApacheBench (apt ins
 clients take little of the CPU the servers share): `--requests` in all per row, each the same body of
 `--sentences` sentences. `--keys`: both servers with an api_keys file, the clients sending a key.
 
-A server a team exposes (issue 45): the same load on a keyless server and on one with `api_keys` and
+A server a team exposes: the same load on a keyless server and on one with `api_keys` and
 `requests_per_minute=LIMIT`, the clients sending one key that stays under its limit (the throughput ratio of the
 two is the cost of keys and limits); then one client with another key sends as fast as it can for `--greedy-s`
 seconds: its 200s must be exactly LIMIT in the first minute, the rest 429 with Retry-After, none 5xx, and the
@@ -237,6 +238,32 @@ def team(args, sentences: list[str]) -> None:
         print(f"{n:3d} clients: keys + limit / no keys = {ratio:.2f}x")
 
 
+def plot(results: dict, clients: list[int], out: Path, title: str) -> None:
+    """Sentences/s and p99 latency against clients, batched beside alone, in one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (speed, latency) = plt.subplots(1, 2, figsize=(9, 3.6))
+    for mode, label in (("batched", "batched across requests"), ("alone", "one request at a time")):
+        speed.plot(clients, [results[(mode, n)]["sentences_per_s"] for n in clients], "o-", label=label)
+        latency.plot(clients, [results[(mode, n)]["p99_ms"] / 1000 for n in clients], "o-", label=label)
+    for ax, ylabel in ((speed, "sentences/s"), (latency, "p99 latency, s")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(clients, [str(n) for n in clients])
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    speed.legend()
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    print(f"plot: {out}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
@@ -257,6 +284,9 @@ def main() -> None:
     ap.add_argument("--sentences", type=int, default=4, help="--ab: sentences in each request")
     ap.add_argument("--keys", action="store_true", help="--compare: both servers with API keys")
     ap.add_argument("--repeats", type=int, default=1, help="--compare: rows measured this many times each")
+    ap.add_argument("--plot", type=Path, help="also draw sentences/s and p99 latency against clients (PNG)")
+    ap.add_argument("--title", default="serve.py on 2 CPU threads, clients on the same machine",
+                    help="--plot: the figure's title (name the machine and date)")
     args = ap.parse_args()
     with gzip.open(VAL, "rt", encoding="utf-8") as f:
         sentences = [line.strip() for line in f if line.strip()]
@@ -287,6 +317,8 @@ def main() -> None:
     for n in args.clients:
         gain = results[("batched", n)]["sentences_per_s"] / results[("alone", n)]["sentences_per_s"]
         print(f"{n:3d} clients: batched / one request at a time = {gain:.2f}x")
+    if args.plot is not None:
+        plot(results, args.clients, args.plot, args.title)
 
 
 if __name__ == "__main__":

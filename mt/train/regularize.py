@@ -1,4 +1,4 @@
-"""Regularizers for small corpora that change what one update computes (issue 47's trials):
+"""Regularizers for small corpora that change what one update computes (the recipe trials):
 
 - R-Drop (Liang et al. 2021, "R-Drop: Regularized Dropout for Neural Networks"): the batch goes through the model
   twice with independent dropout masks, and the loss adds the symmetric KL divergence between the two predicted

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Eole on Multi30k En->De in this project's budget (issue 34): 56 minutes of wall-clock from the start of
+# Eole on Multi30k En->De in this project's budget: 56 minutes of wall-clock from the start of
 # preprocessing to the last training update, two threads, then beam 5 on test_2016_flickr, scored by this project.
 #
 #   bash benchmarks/peers/eole/run.sh          # from the repo root, with the project installed (for scoring)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fairseq on Multi30k En->De in this project's budget (issue 34): 56 minutes of wall-clock from the start of
+# fairseq on Multi30k En->De in this project's budget: 56 minutes of wall-clock from the start of
 # preprocessing to the last training update, two threads, then beam 5 on test_2016_flickr, scored by this project.
 #
 #   bash benchmarks/peers/fairseq/run.sh          # from the repo root, with the project installed (for scoring)
@@ -31,8 +31,8 @@ source "$HERE/../common.sh"
 VENV=$HERE/.venv
 WORK=${WORK:-/tmp/mt-peers/fairseq}
 CAL_UPDATES=${CAL_UPDATES:-100}   # the timed run, ~4 minutes here
-SEED=${SEED:-1}                   # fairseq-train --seed (issue 47's rematch pairs one fairseq seed with one of ours)
-VALID_EVERY=${VALID_EVERY:-}      # also validate (val loss) every N updates, for issue 62's curves; unset: per epoch
+SEED=${SEED:-1}                   # fairseq-train --seed (the rematch pairs one fairseq seed with one of ours)
+VALID_EVERY=${VALID_EVERY:-}      # also validate (val loss) every N updates, for the val-curve comparison; unset: per epoch
 [[ $SEED =~ ^[0-9]+$ ]] || die "SEED must be a non-negative integer, got '$SEED'"
 
 peer_venv "$VENV" fairseq-fixed==0.12.3.1 sacremoses subword-nmt
@@ -141,7 +141,7 @@ sent_s=$(grep -oP "sentences \(.*?\) in [0-9.]+s \(\K[0-9.]+(?= sentences/s)" "$
     --meta params="$params" epochs="${epochs:-0} (${updates} updates)" train_tok_s="$tok_s" sent_s="$sent_s" \
         budget_min="$BUDGET_MIN" train_minutes="$(( (TRAIN_END - START) / 60 ))"
 
-# Out of domain (issue 47), after the budget: the same averaged model on the English side of IWSLT TED's test set
+# Out of domain, after the budget: the same averaged model on the English side of IWSLT TED's test set
 # (tst2014), prepared as the training text was (Moses, lowercase, the run's BPE and dictionary), into
 # $WORK/hyp.iwslt_test for `python -m mt.compare` against this project's runs. IWSLT=none skips it.
 IWSLT=${IWSLT:-$ROOT/../shared/data/iwslt_ted_de_en}

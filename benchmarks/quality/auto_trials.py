@@ -1,0 +1,192 @@
+"""`+experiment=auto` against the fixed recipes, corpus by corpus and budget by budget: the plan, the runs and the
+scored table (docs/auto.md).
+
+    python benchmarks/quality/auto_trials.py cut                       # Multi30k En->De cut to 3,600 / 7,250 / 14,500
+    python benchmarks/quality/auto_trials.py command kde4_20 auto      # the train.py line of one trial (seed 1)
+    python benchmarks/quality/auto_trials.py run kde4_20 auto fairseq --seed 1 2    # train them, one at a time
+    python benchmarks/quality/auto_trials.py table [--plot docs/auto_trials.png]    # score what has run
+
+A point is a corpus and a budget in minutes of training on this machine (`train.max_time`); a recipe is
+`auto` (`+experiment=auto`), `fairseq` (`multi30k_en_de_fairseq`, fairseq's Multi30k recipe, level with fairseq
+in the CPU hour), `recipe` (`multi30k_en_de`, this project's) or `defaults` (no experiment). Runs go to
+`runs/trials/POINT.RECIPE.sSEED` (`--runs` moves them); the cuts to `multi30k_N` beside that folder (runs/data/). Run each with the
+machine alone: the budget is wall-clock. `table` scores every point whose fairseq run and at least one other
+recipe's exist: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and its
+difference to fairseq's recipe with the paired bootstrap's p (mt.compare, 1,000 resamples; lowercased BLEU,
+since fairseq's recipe writes lowercase). Several seeds: the table gives each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path("../shared/data")  # relative to the checkout, where train.py runs
+CUTS = (3600, 7250, 14500)
+CUT_SEED = 1  # the cut is drawn with this seed, the same pairs for every recipe
+
+RECIPES = {"auto": ["+experiment=auto"], "fairseq": ["+experiment=multi30k_en_de_fairseq"],
+           "recipe": ["+experiment=multi30k_en_de"], "defaults": []}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Corpus:
+    label: str
+    pairs: int  # training pairs (after any hold-out)
+    data: tuple[str, ...]  # train.py overrides that select it
+    split: str  # the test split the run translates
+
+    def overrides(self, cuts: Path) -> list[str]:
+        return [a.replace("{cuts}", str(cuts)) for a in self.data]
+
+
+def multi30k(pairs: int) -> Corpus:
+    cut = [] if pairs == 29000 else [f"data.dir={{cuts}}/multi30k_{pairs}"]
+    return Corpus(f"Multi30k En->De {pairs:,}", pairs, ("data=multi30k", *cut), "test_2016_flickr")
+
+
+def local(label: str, name: str, pairs: int, *extra: str) -> Corpus:
+    data = ("data=local", f"data.dir={DATA / name}", "data.src_lang=de", "data.tgt_lang=en", *extra)
+    return Corpus(label, pairs, data, "test")
+
+
+CORPORA = {
+    **{f"m30k_{n}": multi30k(n) for n in (*CUTS, 29000)},
+    "iwslt": local("IWSLT TED De->En", "iwslt_ted_de_en", 9527, "data.valid_split=val"),
+    "en_fr": Corpus("Multi30k En->Fr", 29000, ("data=multi30k", "data.tgt_lang=fr"), "test_2016_flickr"),
+    "emea": local("EMEA De->En", "opus_emea_de_en", 4500, "data.valid_from_train=500"),
+    "kde4": local("KDE4 De->En", "opus_kde4_de_en", 4500, "data.valid_from_train=500"),
+}
+# Derive on the Multi30k cuts and IWSLT at 10 and 30 minutes; check, without refitting, on the rest.
+POINTS = {
+    **{f"{c}_{m}": (c, m) for c in ("m30k_3600", "m30k_7250", "m30k_14500", "m30k_29000", "iwslt") for m in (10, 30)},
+    "en_fr_20": ("en_fr", 20), "emea_20": ("emea", 20), "kde4_20": ("kde4", 20), "m30k_29000_56": ("m30k_29000", 56),
+}  # fmt: skip
+
+
+def run_dir(runs: Path, point: str, recipe: str, seed: int) -> Path:
+    return runs / f"{point}.{recipe}.s{seed}"
+
+
+def command(point: str, recipe: str, seed: int, runs: Path) -> list[str]:
+    corpus, minutes = POINTS[point]
+    return [sys.executable, "train.py", *RECIPES[recipe], *CORPORA[corpus].overrides(runs.parent / "data"),
+            f"train.max_time={minutes}", f"train.seed={seed}", f"run_dir={run_dir(runs, point, recipe, seed)}"]  # fmt: skip
+
+
+def cut(out: Path) -> None:
+    """Multi30k En->De train cut to each of CUTS pairs (drawn with CUT_SEED), val and test as they are."""
+    src = (ROOT / DATA / "multi30k").resolve()
+    lines = {lang: gzip.open(src / f"train.{lang}.gz", "rt", encoding="utf-8").read().splitlines() for lang in "en de".split()}
+    for n in CUTS:
+        keep = sorted(random.Random(CUT_SEED).sample(range(len(lines["en"])), n))
+        d = out / f"multi30k_{n}"
+        d.mkdir(parents=True, exist_ok=True)
+        for lang, text in lines.items():
+            with gzip.open(d / f"train.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("".join(text[i] + "\n" for i in keep))
+            for split in ("val", "test_2016_flickr"):
+                link = d / f"{split}.{lang}.gz"
+                if not link.exists():
+                    link.symlink_to(src / f"{split}.{lang}.gz")
+        print(f"{d}: {n:,} pairs")
+
+
+def speed(run: Path) -> tuple[int, float]:
+    """Updates and the median target tokens/s the run logged."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rates = sorted(r["tgt_tokens_per_s"] for r in rows if r.get("kind") == "train")
+    return max((r.get("update", 0) for r in rows), default=0), rates[len(rates) // 2] if rates else float("nan")
+
+
+def table(runs: Path, plot: Path | None) -> None:
+    from mt.data.read import read_lines
+    from mt.evaluate.compare import System, compare, split_references
+
+    def read_hyps(path: Path) -> list[str]:
+        return [line.strip() for line in read_lines(path)]
+
+    print("| corpus | minutes | recipe | seed | updates | target tok/s | test BLEU lc / cased / chrF | Δ lc against fairseq's, p |")
+    print("|---|---|---|---|---|---|---|---|")
+    points = []
+    for point, (corpus, minutes) in POINTS.items():
+        c = CORPORA[corpus]
+        for seed in range(1, 4):
+            base = run_dir(runs, point, "fairseq", seed)
+            others = [run_dir(runs, point, r, seed) for r in RECIPES if r != "fairseq"]
+            done = [r for r in [base, *others] if (r / f"{c.split}.hyp").is_file()]
+            if base not in done or len(done) < 2:
+                continue
+            refs = read_hyps(split_references(done[-1], c.split))
+            systems = [System(r.name.split(".")[1], str(r), read_hyps(r / f"{c.split}.hyp")) for r in done]
+            result = compare(systems, refs)
+            for r, s in zip(done, result["systems"]):
+                m = s["metrics"]
+                updates, rate = speed(r)
+                versus = "" if r == base else f"{m['BLEU lc']['delta']:+.2f}, {m['BLEU lc']['p_bs']:.3f}"
+                scores = f"{m['BLEU lc']['score']:.2f} / {m['BLEU']['score']:.2f} / {m['chrF']['score']:.2f}"
+                print(f"| {c.label} | {minutes} | {s['name']} | {seed} | {updates:,} | {rate:,.0f} | {scores} | {versus} |")
+                points.append((c.pairs, minutes, s["name"], m["BLEU lc"]["score"]))
+    if plot is not None and points:
+        draw(points, plot)
+
+
+def draw(points: list[tuple[int, int, str, float]], out: Path) -> None:
+    """Lowercased test BLEU against training pairs, one panel per budget, one line per recipe."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = sorted({m for _, m, _, _ in points})
+    fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.6), squeeze=False)
+    for ax, minutes in zip(axes[0], budgets):
+        for recipe in RECIPES:
+            xy = sorted((p, b) for p, m, r, b in points if m == minutes and r == recipe)
+            if xy:
+                ax.plot(*zip(*xy), "o-", label=recipe)
+        ax.set_xscale("log")
+        ax.set_title(f"{minutes} minutes of training", fontsize=10)
+        ax.set_xlabel("training pairs")
+        ax.set_ylabel("test BLEU, lowercased")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"plot: {out}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("action", choices=["cut", "command", "run", "table"])
+    ap.add_argument("point", nargs="?", choices=list(POINTS))
+    ap.add_argument("recipes", nargs="*", help=f"one or more of {', '.join(RECIPES)}")
+    ap.add_argument("--seed", type=int, nargs="+", default=[1])
+    ap.add_argument("--runs", type=Path, default=Path("runs/trials"), help="relative to the checkout, or absolute")
+    ap.add_argument("--plot", type=Path, help="table: also draw BLEU against training pairs (PNG)")
+    args = ap.parse_args()
+    runs = args.runs if args.runs.is_absolute() else ROOT / args.runs
+    if args.action == "cut":
+        return cut(runs.parent / "data")
+    if args.action == "table":
+        return table(runs, args.plot)
+    if args.point is None or not args.recipes or set(args.recipes) - set(RECIPES):
+        ap.error(f"{args.action}: name a point ({', '.join(POINTS)}) and one or more recipes ({', '.join(RECIPES)})")
+    for seed in args.seed:
+        for recipe in args.recipes:
+            cmd = command(args.point, recipe, seed, args.runs)
+            print(shlex.join(cmd[1:] if args.action == "command" else cmd), flush=True)
+            if args.action == "run":
+                subprocess.run(cmd, cwd=ROOT, check=False)
+
+
+if __name__ == "__main__":
+    main()
