@@ -1,18 +1,18 @@
 """`+experiment=auto` against the fixed recipes, corpus by corpus and budget by budget: the plan, the runs and the
 scored table (docs/auto.md).
 
-    python benchmarks/quality/auto_trials.py cut                       # Multi30k En->De cut to 3,600 / 7,250 / 14,500
+    python benchmarks/quality/auto_trials.py cut                       # Multi30k En->De cut: 3,600 / 7,250 / 14,500
     python benchmarks/quality/auto_trials.py command kde4_20 auto      # the train.py line of one trial (seed 1)
     python benchmarks/quality/auto_trials.py run kde4_20 auto fairseq --seed 1 2    # train them, one at a time
     python benchmarks/quality/auto_trials.py table [--plot docs/auto_trials.png]    # score what has run
 
-A point is a corpus and a budget in minutes of training on this machine (`train.max_time`); a recipe is
-`auto` (`+experiment=auto`), `fairseq` (`multi30k_en_de_fairseq`, fairseq's Multi30k recipe, level with fairseq
-in the CPU hour), `recipe` (`multi30k_en_de`, this project's) or `defaults` (no experiment). Runs go to
-`runs/trials/POINT.RECIPE.sSEED` (`--runs` moves them); the cuts to `multi30k_N` beside that folder (runs/data/). Run each with the
-machine alone: the budget is wall-clock. `table` scores every point whose fairseq run and at least one other
-recipe's exist: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and its
-difference to fairseq's recipe with the paired bootstrap's p (mt.compare, 1,000 resamples; lowercased BLEU,
+A point is a corpus and a budget in minutes of training on this machine (`train.max_time`); a recipe is `auto`
+(`+experiment=auto`), `fairseq` (`multi30k_en_de_fairseq`, fairseq's Multi30k recipe, level with fairseq in the CPU
+hour), `recipe` (`multi30k_en_de`, this project's) or `defaults` (no experiment). Runs go to
+`runs/trials/POINT.RECIPE.sSEED` (`--runs` moves them); the cuts to `multi30k_N` beside that folder (runs/data/).
+Run each with the machine alone: the budget is wall-clock. `table` scores every point whose fairseq run and at least
+one other recipe's exist: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and
+its difference to fairseq's recipe with the paired bootstrap's p (mt.compare, 1,000 resamples; lowercased BLEU,
 since fairseq's recipe writes lowercase). Several seeds: the table gives each.
 """
 
@@ -78,14 +78,19 @@ def run_dir(runs: Path, point: str, recipe: str, seed: int) -> Path:
 
 def command(point: str, recipe: str, seed: int, runs: Path) -> list[str]:
     corpus, minutes = POINTS[point]
-    return [sys.executable, "train.py", *RECIPES[recipe], *CORPORA[corpus].overrides(runs.parent / "data"),
-            f"train.max_time={minutes}", f"train.seed={seed}", f"run_dir={run_dir(runs, point, recipe, seed)}"]  # fmt: skip
+    data = CORPORA[corpus].overrides(runs.parent / "data")
+    run = run_dir(runs, point, recipe, seed)
+    return [sys.executable, "train.py", *RECIPES[recipe], *data, f"train.max_time={minutes}", f"train.seed={seed}",
+            f"run_dir={run}"]  # fmt: skip
 
 
 def cut(out: Path) -> None:
     """Multi30k En->De train cut to each of CUTS pairs (drawn with CUT_SEED), val and test as they are."""
     src = (ROOT / DATA / "multi30k").resolve()
-    lines = {lang: gzip.open(src / f"train.{lang}.gz", "rt", encoding="utf-8").read().splitlines() for lang in "en de".split()}
+    lines = {}
+    for lang in ("en", "de"):
+        with gzip.open(src / f"train.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines[lang] = f.read().splitlines()
     for n in CUTS:
         keep = sorted(random.Random(CUT_SEED).sample(range(len(lines["en"])), n))
         d = out / f"multi30k_{n}"
@@ -95,7 +100,7 @@ def cut(out: Path) -> None:
                 f.write("".join(text[i] + "\n" for i in keep))
             for split in ("val", "test_2016_flickr"):
                 link = d / f"{split}.{lang}.gz"
-                if not link.exists():
+                if not link.is_symlink():
                     link.symlink_to(src / f"{split}.{lang}.gz")
         print(f"{d}: {n:,} pairs")
 
@@ -114,7 +119,10 @@ def table(runs: Path, plot: Path | None) -> None:
     def read_hyps(path: Path) -> list[str]:
         return [line.strip() for line in read_lines(path)]
 
-    print("| corpus | minutes | recipe | seed | updates | target tok/s | test BLEU lc / cased / chrF | Δ lc against fairseq's, p |")
+    print(
+        "| corpus | minutes | recipe | seed | updates | target tok/s | test BLEU lc / cased / chrF "
+        "| Δ lc against fairseq's, p |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     points = []
     for point, (corpus, minutes) in POINTS.items():
@@ -133,7 +141,8 @@ def table(runs: Path, plot: Path | None) -> None:
                 updates, rate = speed(r)
                 versus = "" if r == base else f"{m['BLEU lc']['delta']:+.2f}, {m['BLEU lc']['p_bs']:.3f}"
                 scores = f"{m['BLEU lc']['score']:.2f} / {m['BLEU']['score']:.2f} / {m['chrF']['score']:.2f}"
-                print(f"| {c.label} | {minutes} | {s['name']} | {seed} | {updates:,} | {rate:,.0f} | {scores} | {versus} |")
+                cells = [c.label, minutes, s["name"], seed, f"{updates:,}", f"{rate:,.0f}", scores, versus]
+                print("| " + " | ".join(map(str, cells)) + " |")
                 points.append((c.pairs, minutes, s["name"], m["BLEU lc"]["score"]))
     if plot is not None and points:
         draw(points, plot)
@@ -172,7 +181,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, nargs="+", default=[1])
     ap.add_argument("--runs", type=Path, default=Path("runs/trials"), help="relative to the checkout, or absolute")
     ap.add_argument("--plot", type=Path, help="table: also draw BLEU against training pairs (PNG)")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()  # options before or after the point and recipes
     runs = args.runs if args.runs.is_absolute() else ROOT / args.runs
     if args.action == "cut":
         return cut(runs.parent / "data")

@@ -285,8 +285,11 @@ def main() -> None:
     ap.add_argument("--keys", action="store_true", help="--compare: both servers with API keys")
     ap.add_argument("--repeats", type=int, default=1, help="--compare: rows measured this many times each")
     ap.add_argument("--plot", type=Path, help="also draw sentences/s and p99 latency against clients (PNG)")
-    ap.add_argument("--title", default="serve.py on 2 CPU threads, clients on the same machine",
-                    help="--plot: the figure's title (name the machine and date)")
+    ap.add_argument(
+        "--title",
+        default="serve.py on 2 CPU threads, clients on the same machine",
+        help="--plot: the figure's title (name the machine and date)",
+    )
     args = ap.parse_args()
     with gzip.open(VAL, "rt", encoding="utf-8") as f:
         sentences = [line.strip() for line in f if line.strip()]
