@@ -50,11 +50,12 @@ RUN = [
 # Not run here, and why (the same code paths run elsewhere in the suite where they can).
 NOT_RUN = {
     'pip install torch==2.13.0 && pip install -e ".[dev]"': "what .ci/run does before the suite",
-    "python train.py +experiment=multi30k_en_de": "56 minutes (docs/experiments.md has its runs)",
+    "python train.py +experiment=multi30k_en_de": "56 minutes (docs/experiments/recipes.md has its runs)",
     "python train.py data=local data.dir=/path/corpus data.src_lang=fr data.tgt_lang=en": "a placeholder corpus "
     "(tests/test_cli.py trains from local files)",
-    "python train.py +experiment=auto data=local data.dir=/path/corpus data.src_lang=fr data.tgt_lang=en "
-    "train.max_time=20": "a placeholder corpus, 20 minutes (tests/test_auto.py runs +experiment=auto on a corpus)",
+    "python train.py +experiment=auto data=local data.dir=../shared/data/opus_kde4_de_en data.src_lang=de "
+    "data.tgt_lang=en data.valid_from_train=500 train.max_time=20": "20 minutes (tests/test_auto.py runs "
+    "+experiment=auto on a corpus; docs/auto.md has this run)",
     "python train.py model=transformer_base data=wmt14_en_de tokenizer=bpe32k train.max_tokens=8000": "WMT14, hours",
     "torchrun --nproc_per_node=2 train.py +experiment=multi30k_en_de": "56 minutes (tests/test_cli.py runs torchrun)",
     "python serve.py checkpoint=RUN_DIR port=8080": "serves until stopped (tests/test_serve_team.py starts serve.py)",
