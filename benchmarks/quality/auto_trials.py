@@ -143,31 +143,36 @@ def table(runs: Path, plot: Path | None) -> None:
                 scores = f"{m['BLEU lc']['score']:.2f} / {m['BLEU']['score']:.2f} / {m['chrF']['score']:.2f}"
                 cells = [c.label, minutes, s["name"], seed, f"{updates:,}", f"{rate:,.0f}", scores, versus]
                 print("| " + " | ".join(map(str, cells)) + " |")
-                points.append((c.pairs, minutes, s["name"], m["BLEU lc"]["score"]))
+                points.append((c.pairs, minutes, s["name"], m["BLEU lc"]["score"], c.label))
     if plot is not None and points:
         draw(points, plot)
 
 
-def draw(points: list[tuple[int, int, str, float]], out: Path) -> None:
-    """Lowercased test BLEU against training pairs, one panel per budget, one line per recipe."""
+def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
+    """Lowercased test BLEU against training pairs, one panel per budget, one marker per recipe, each corpus
+    named (points of different corpora are not joined: they are not one curve)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budgets = sorted({m for _, m, _, _ in points})
+    budgets = sorted({p[1] for p in points})
     fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.6), squeeze=False)
     for ax, minutes in zip(axes[0], budgets):
-        for recipe in RECIPES:
-            xy = sorted((p, b) for p, m, r, b in points if m == minutes and r == recipe)
+        for marker, recipe in zip("os^v", RECIPES):
+            xy = [(p, b) for p, m, r, b, _ in points if m == minutes and r == recipe]
             if xy:
-                ax.plot(*zip(*xy), "o-", label=recipe)
+                ax.scatter(*zip(*xy), marker=marker, s=45, label=recipe, zorder=3)
+        for label in {(p, c) for p, m, _, _, c in points if m == minutes}:
+            top = max(b for p, m, _, b, c in points if m == minutes and (p, c) == label)
+            ax.annotate(label[1], (label[0], top), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
         ax.set_xscale("log")
+        ax.set_ylim(0, max(p[3] for p in points) * 1.15)
         ax.set_title(f"{minutes} minutes of training", fontsize=10)
         ax.set_xlabel("training pairs")
         ax.set_ylabel("test BLEU, lowercased")
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"plot: {out}")
