@@ -66,3 +66,11 @@ def test_a_trial_without_a_point_or_with_an_unknown_recipe_is_refused(capsys, mo
         with pytest.raises(SystemExit):
             trials.main()
         assert "name a point" in capsys.readouterr().err
+
+
+def test_the_minutes_plot_joins_the_mean_of_the_seeds_at_each_budget(tmp_path):
+    scores = [(10, 37.0), (5, 33.0), (10, 38.0), (56, 40.5)]
+    assert trials.seed_means(scores) == [(5, 33.0), (10, 37.5), (56, 40.5)]
+    out = tmp_path / "minutes.png"
+    trials.draw_minutes([(m, "auto", b) for m, b in scores] + [(10, "fairseq", 23.5)], out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -4,7 +4,8 @@ scored table (docs/auto.md).
     python benchmarks/quality/auto_trials.py cut                       # Multi30k En->De cut: 3,600 / 7,250 / 14,500
     python benchmarks/quality/auto_trials.py command kde4_20 auto      # the train.py line of one trial (seed 1)
     python benchmarks/quality/auto_trials.py run kde4_20 auto fairseq --seed 1 2    # train them, one at a time
-    python benchmarks/quality/auto_trials.py table [--plot docs/auto_trials.png]    # score what has run
+    python benchmarks/quality/auto_trials.py table [--plot docs/auto_trials.png] \
+        [--minutes-plot docs/auto_minutes.png]                        # score what has run, draw it
 
 A point is a corpus and a budget in minutes of training on this machine (`train.max_time`); a recipe is `auto`
 (`+experiment=auto`), `fairseq` (`multi30k_en_de_fairseq`, fairseq's Multi30k recipe, level with fairseq in the CPU
@@ -13,7 +14,9 @@ hour), `recipe` (`multi30k_en_de`, this project's) or `defaults` (no experiment)
 Run each with the machine alone: the budget is wall-clock. `table` scores every point whose fairseq run and at least
 one other recipe's exist: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and
 its difference to fairseq's recipe with the paired bootstrap's p (mt.compare, 1,000 resamples; lowercased BLEU,
-since fairseq's recipe writes lowercase). Several seeds: the table gives each.
+since fairseq's recipe writes lowercase). Several seeds: the table gives each. `--plot` draws BLEU against
+training pairs, a panel per budget; `--minutes-plot` BLEU against minutes on the whole of Multi30k En->De (the
+points m30k_29000_5 to m30k_29000_56), a line per recipe through the mean of its seeds.
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ CORPORA = {
 POINTS = {
     **{f"{c}_{m}": (c, m) for c in ("m30k_3600", "m30k_7250", "m30k_14500", "m30k_29000", "iwslt") for m in (10, 30)},
     "en_fr_20": ("en_fr", 20), "emea_20": ("emea", 20), "kde4_20": ("kde4", 20), "m30k_29000_56": ("m30k_29000", 56),
+    "m30k_29000_5": ("m30k_29000", 5),  # with _10, _30 and _56: BLEU against minutes on one corpus
 }  # fmt: skip
+MINUTES_CORPUS = "m30k_29000"
 
 
 def run_dir(runs: Path, point: str, recipe: str, seed: int) -> Path:
@@ -112,7 +117,7 @@ def speed(run: Path) -> tuple[int, float]:
     return max((r.get("update", 0) for r in rows), default=0), rates[len(rates) // 2] if rates else float("nan")
 
 
-def table(runs: Path, plot: Path | None) -> None:
+def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> None:
     from mt.data.read import read_lines
     from mt.evaluate.compare import System, compare, split_references
 
@@ -146,6 +151,41 @@ def table(runs: Path, plot: Path | None) -> None:
                 points.append((c.pairs, minutes, s["name"], m["BLEU lc"]["score"], c.label))
     if plot is not None and points:
         draw(points, plot)
+    curve = [(m, r, b) for p, m, r, b, label in points if label == CORPORA[MINUTES_CORPUS].label]
+    if minutes_plot is not None and curve:
+        draw_minutes(curve, minutes_plot)
+
+
+def seed_means(scores: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """(budget, score) of every seed -> (budget, mean score) per budget, by budget."""
+    budgets = sorted({m for m, _ in scores})
+    return [(x, sum(b for m, b in scores if m == x) / sum(1 for m, _ in scores if m == x)) for x in budgets]
+
+
+def draw_minutes(points: list[tuple[int, str, float]], out: Path) -> None:
+    """Lowercased test BLEU against minutes of training on one corpus: a line per recipe through the mean of its
+    seeds at each budget, each seed a dot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.6, 3.8))
+    for marker, recipe in zip("os^v", RECIPES):
+        mine = [(m, b) for m, r, b in points if r == recipe]
+        if not mine:
+            continue
+        (line,) = ax.plot(*zip(*seed_means(mine)), marker=marker, label=recipe, zorder=3)
+        ax.scatter(*zip(*mine), marker=marker, s=14, color=line.get_color(), alpha=0.5, zorder=2)
+    ax.set_xlabel("minutes of training (train.max_time)")
+    ax.set_ylabel("test BLEU, lowercased")
+    ax.set_title(CORPORA[MINUTES_CORPUS].label, fontsize=10)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"plot: {out}")
 
 
 def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
@@ -156,7 +196,10 @@ def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budgets = sorted({p[1] for p in points})
+    corpora = {m: {p[4] for p in points if p[1] == m} for _, m, *_ in points}
+    budgets = sorted(m for m, names in corpora.items() if len(names) > 1)  # one corpus alone: the minutes plot
+    if not budgets:
+        return
     fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.6), squeeze=False)
     for ax, minutes in zip(axes[0], budgets):
         for marker, recipe in zip("os^v", RECIPES):
@@ -186,12 +229,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, nargs="+", default=[1])
     ap.add_argument("--runs", type=Path, default=Path("runs/trials"), help="relative to the checkout, or absolute")
     ap.add_argument("--plot", type=Path, help="table: also draw BLEU against training pairs (PNG)")
+    ap.add_argument("--minutes-plot", type=Path, help="table: also draw BLEU against minutes on Multi30k (PNG)")
     args = ap.parse_intermixed_args()  # options before or after the point and recipes
     runs = args.runs if args.runs.is_absolute() else ROOT / args.runs
     if args.action == "cut":
         return cut(runs.parent / "data")
     if args.action == "table":
-        return table(runs, args.plot)
+        return table(runs, args.plot, args.minutes_plot)
     if args.point is None or not args.recipes or set(args.recipes) - set(RECIPES):
         ap.error(f"{args.action}: name a point ({', '.join(POINTS)}) and one or more recipes ({', '.join(RECIPES)})")
     for seed in args.seed:
