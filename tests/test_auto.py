@@ -11,7 +11,7 @@ import pytest
 
 from mt.config import Config, ConfigError, DataConfig
 from mt.train import auto_setup, probe
-from mt.train.auto import NOTE, Budget, CorpusStats, choose
+from mt.train.auto import NOTE, Budget, CorpusStats, choose, grid
 from tests.conftest import ROOT
 
 MULTI30K = CorpusStats(29_000, 348_000, 330_000)  # Multi30k En->De's training split (words per side, rounded)
@@ -168,3 +168,10 @@ def test_train_py_with_auto_logs_its_choices_and_the_command_line_wins(tmp_path)
     report = (run / "test.report.md").read_text()
     assert "recipe: +experiment=auto (auto.json): tokenizer.vocab_size=2000" in report
     assert "model.dropout=" not in report  # the command line's, not the rule's
+
+
+def test_the_docs_grid_reads_the_rule():
+    rows = grid([3_600, 29_000], [5, 60], SPEED, words_per_pair=12).splitlines()
+    assert rows[0] == "| pairs | 5 min | 60 min |" and len(rows) == 4
+    assert rows[3] == "| 29,000 | 8k, compact, short, 0.1 | 8k, compact, long, 0.3 |"
+    assert rows[2].count("FLoRes") == 2  # 3,600 pairs are seen 30+ times in both budgets

@@ -178,3 +178,30 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
                       else "too few epochs to average"))  # fmt: skip
     out.append(Choice("train.keep_last", max(average, 2), "the epoch checkpoints averaging reads"))
     return out
+
+
+def grid(pairs: list[int], minutes: list[float], speed: dict[str, float], words_per_pair: float = 13.0) -> str:
+    """A Markdown table of the main choices for each corpus size (rows) and budget (columns), docs/auto.md's: the
+    BPE vocabulary, the shape, the schedule (short: the quick start's; long: fairseq's), dropout, and FLoRes'
+    extras where they apply. Both sides of a pair are taken to have `words_per_pair` words."""
+    head = "| pairs | " + " | ".join(f"{m:g} min" for m in minutes) + " |"
+    rows = [head, "|---" * (len(minutes) + 1) + "|"]
+    for n in pairs:
+        cells = []
+        for m in minutes:
+            got = {c.key: c.value for c in choose(CorpusStats(n, int(n * words_per_pair), int(n * words_per_pair)),
+                                                  Budget(minutes=m), speed)}  # fmt: skip
+            shape = next(name for name, s in SHAPES.items() if s["d_model"] == got["model.d_model"])
+            schedule = "long" if got["model.norm"] == "post" else "short"
+            extras = ", FLoRes" if got["train.label_smoothing"] == 0.2 else ""
+            cells.append(
+                f"{got['tokenizer.vocab_size'] // 1000}k, {shape}, {schedule}, {got['model.dropout']:g}{extras}"
+            )
+        rows.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":  # python -m mt.train.auto: the grid at the probe's table speed (a 2-vCPU EPYC)
+    from mt.train.probe import TABLE
+
+    print(grid([2_000, 5_000, 10_000, 29_000, 100_000, 500_000, 2_000_000], [5, 10, 30, 60, 240], TABLE))
