@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -74,3 +75,29 @@ def test_the_minutes_plot_joins_the_mean_of_the_seeds_at_each_budget(tmp_path):
     out = tmp_path / "minutes.png"
     trials.draw_minutes([(m, "auto", b) for m, b in scores] + [(10, "fairseq", 23.5)], out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_table_scores_each_seed_and_pools_the_seeds(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    refs = [f"the {w} sat on the mat near the door today ." for w in ("cat", "dog", "bird", "fox", "cow", "pig")] * 4
+    (data / "test.en").write_text("".join(r + "\n" for r in refs))
+    runs = tmp_path / "trials"
+    worse = [r.replace("mat", "rug").replace("door", "gate") for r in refs]
+    for seed in (1, 2):
+        for recipe, hyps in (("fairseq", worse), ("auto", refs)):
+            run = trials.run_dir(runs, "emea_20", recipe, seed)
+            run.mkdir(parents=True)
+            (run / "test.hyp").write_text("".join(h + "\n" for h in hyps))
+            (run / "config.resolved.yaml").write_text(
+                f"data: {{name: local, dir: {data}, src_lang: de, tgt_lang: en}}\n"
+            )
+            rows = [{"kind": "train", "update": u, "tgt_tokens_per_s": 1000.0 * seed} for u in (100, 200)]
+            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trials.table(runs, plot=None)
+    out = capsys.readouterr().out
+    assert "| EMEA De->En | 20 | auto | 2 | 200 | 2,000 | 100.00 / 100.00 / 100.00 |" in out  # each seed's row
+    pooled = next(line for line in out.splitlines() if "pooled" in line)
+    assert pooled.startswith("| EMEA De->En | 20 | auto | 1+2 pooled |") and "100.00 |" in pooled
+    summary = out.split("seeds pooled")[1].splitlines()
+    assert any(line.startswith("| EMEA De->En | 20 | 2 | 100.00 | ") for line in summary)

@@ -129,15 +129,17 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
         "| Δ lc against fairseq's, p |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    points = []
+    points, summary = [], []
     for point, (corpus, minutes) in POINTS.items():
         c = CORPORA[corpus]
+        seeds = {}  # seed -> the run dirs that translated the test split, fairseq's first
         for seed in range(1, 4):
             base = run_dir(runs, point, "fairseq", seed)
             others = [run_dir(runs, point, r, seed) for r in RECIPES if r != "fairseq"]
             done = [r for r in [base, *others] if (r / f"{c.split}.hyp").is_file()]
             if base not in done or len(done) < 2:
                 continue
+            seeds[seed] = done
             refs = read_hyps(split_references(done[-1], c.split))
             systems = [System(r.name.split(".")[1], str(r), read_hyps(r / f"{c.split}.hyp")) for r in done]
             result = compare(systems, refs)
@@ -149,6 +151,31 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
                 cells = [c.label, minutes, s["name"], seed, f"{updates:,}", f"{rate:,.0f}", scores, versus]
                 print("| " + " | ".join(map(str, cells)) + " |")
                 points.append((c.pairs, minutes, s["name"], m["BLEU lc"]["score"], c.label))
+        if not seeds:
+            continue
+        # Over the seeds: the recipes every seed ran, their translations and references end to end (pooled).
+        names = [n for n in RECIPES if all(any(r.name.split(".")[1] == n for r in done) for done in seeds.values())]
+        hyps = {n: [] for n in names}
+        refs = []
+        for seed, done in seeds.items():
+            refs += read_hyps(split_references(done[-1], c.split))
+            for n in names:
+                hyps[n] += read_hyps(run_dir(runs, point, n, seed) / f"{c.split}.hyp")
+        names.remove("fairseq")
+        result = compare([System(n, point, hyps[n]) for n in ["fairseq", *names]], refs)
+        lc = {s["name"]: s["metrics"]["BLEU lc"] for s in result["systems"]}
+        if len(seeds) > 1:
+            for n in names:
+                print(f"| {c.label} | {minutes} | {n} | {'+'.join(map(str, seeds))} pooled | | | "
+                      f"{lc[n]['score']:.2f} | {lc[n]['delta']:+.2f}, {lc[n]['p_bs']:.3f} |")  # fmt: skip
+        summary.append((c.label, minutes, len(seeds), lc))
+    print("\nLowercased test BLEU (seeds pooled), each recipe's difference to fairseq's recipe and p:\n")
+    print("| corpus | minutes | seeds | " + " | ".join(RECIPES) + " | Δ auto, p |")
+    print("|---" * (len(RECIPES) + 4) + "|")
+    for label, minutes, n, lc in summary:
+        cells = [f"{lc[r]['score']:.2f}" if r in lc else "" for r in RECIPES]
+        versus = f"{lc['auto']['delta']:+.2f}, {lc['auto']['p_bs']:.3f}" if "auto" in lc else ""
+        print(f"| {label} | {minutes} | {n} | " + " | ".join(cells) + f" | {versus} |")
     if plot is not None and points:
         draw(points, plot)
     curve = [(m, r, b) for p, m, r, b, label in points if label == CORPORA[MINUTES_CORPUS].label]
