@@ -222,6 +222,7 @@ def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     corpora = {m: {p[4] for p in points if p[1] == m} for _, m, *_ in points}
     budgets = sorted(m for m, names in corpora.items() if len(names) > 1)  # one corpus alone: the minutes plot
@@ -234,15 +235,25 @@ def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
             if xy:
                 ax.scatter(*zip(*xy), marker=marker, s=45, label=recipe, zorder=3)
         for label in {(p, c) for p, m, _, _, c in points if m == minutes}:
-            top = max(b for p, m, _, b, c in points if m == minutes and (p, c) == label)
-            ax.annotate(label[1], (label[0], top), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+            mine = [b for p, m, _, b, c in points if m == minutes and (p, c) == label]
+            higher = [
+                b for p, m, _, b, c in points if m == minutes and p == label[0] and c != label[1] and b > max(mine)
+            ]
+            # two corpora of the same size: the lower one's name goes beside its lowest point
+            at, dx, dy, ha = (min(mine), 9, -3, "left") if higher else (max(mine), 0, 8, "center")
+            ax.annotate(label[1], (label[0], at), textcoords="offset points", xytext=(dx, dy), ha=ha, fontsize=8)
+        ax.margins(x=0.25)
+        sizes = [p for p, m, *_ in points if m == minutes]
+        ticks = [t for t in (1e3, 2e3, 3e3, 5e3, 1e4, 2e4, 3e4, 5e4, 1e5) if min(sizes) / 2 < t < max(sizes) * 2]
         ax.set_xscale("log")
+        ax.set_xticks(ticks, [f"{t / 1000:g}k" for t in ticks])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_ylim(0, max(p[3] for p in points) * 1.15)
         ax.set_title(f"{minutes} minutes of training", fontsize=10)
         ax.set_xlabel("training pairs")
         ax.set_ylabel("test BLEU, lowercased")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
+        ax.legend(loc="best")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"plot: {out}")
