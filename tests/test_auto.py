@@ -11,7 +11,7 @@ import pytest
 
 from mt.config import Config, ConfigError, DataConfig
 from mt.train import auto_setup, probe
-from mt.train.auto import NOTE, Budget, CorpusStats, choose, grid
+from mt.train.auto import NOTE, Budget, CorpusStats, Epoch, choose, grid
 from tests.conftest import ROOT
 
 MULTI30K = CorpusStats(29_000, 348_000, 330_000)  # Multi30k En->De's training split (words per side, rounded)
@@ -59,6 +59,14 @@ TABLE = [
          "model.activation_dropout": 0.0, "train.label_smoothing": 0.1},
     ),
     (
+        "EMEA's 4,500 pairs with the epoch measured: 115 batches, not the 56 its words suggest (short segments)",
+        CorpusStats(4_500, 45_000, 48_000, {2_500: Epoch(115, 234_000), 4_096: Epoch(75, 250_000)}),
+        Budget(minutes=20),
+        SPEED,
+        # 20 min x 9,000 tokens/s / (234,000 / 115 tokens a batch) = 5,307 updates, 46 epochs (46.1)
+        {"train.valid_every": 530, "train.warmup": 200, "model.dropout": 0.3, "train.max_tokens": 2_500},
+    ),
+    (
         "2M pairs on a fast GPU: the base model",
         CorpusStats(2_000_000, 50_000_000, 52_000_000),
         Budget(minutes=600),
@@ -89,6 +97,18 @@ def test_the_rule_chooses_by_corpus_and_budget(case, corpus, budget, speed, expe
     assert all(c.reason for c in choose(corpus, budget, speed))  # every choice says why
 
 
+def test_a_measured_epoch_replaces_the_estimate_from_words():
+    measured = CorpusStats(4_500, 45_000, 48_000, {2_500: Epoch(115, 234_000), 4_096: Epoch(75, 250_000)})
+    why = {c.key: c.reason for c in choose(measured, Budget(minutes=20), SPEED)}["train.max_tokens"]
+    assert "5,307 updates of 2,500 tokens, ~46.1 epochs (measured: 115 batches an epoch)" in why
+    why = {c.key: c.reason for c in choose(CorpusStats(4_500, 45_000, 48_000), Budget(minutes=20), SPEED)}
+    # 48,000 target words x 1.7 tokens a word / 0.93 padding = 87,742 tokens: 35 full batches of 2,500
+    assert (
+        "4,319 updates of 2,500 tokens, ~123.1 epochs (estimated from words: 35 batches an epoch)"
+        in why["train.max_tokens"]
+    )
+
+
 def test_the_rule_warns_of_a_budget_under_one_epoch_and_refuses_what_it_cannot_train():
     notes = [c.reason for c in choose(CorpusStats(500_000, 9_000_000, 9_000_000), Budget(minutes=2), SPEED)
              if c.key == NOTE]  # fmt: skip
@@ -101,6 +121,9 @@ def test_the_rule_warns_of_a_budget_under_one_epoch_and_refuses_what_it_cannot_t
 
 def test_the_command_line_wins_and_the_log_says_so(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
+    vocabularies = []  # what the epoch is measured with: the command line's, else the rule's vocabulary
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: vocabularies.append(
+        cfg.tokenizer.vocab_size) or {2_500: Epoch(200, 460_000), 4_096: Epoch(120, 475_000)})  # fmt: skip
     cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
     cfg.train.max_time, cfg.auto.probe, cfg.model.dropout, cfg.tokenizer.vocab_size = 56, False, 0.25, 500
     with caplog.at_level(logging.INFO):
@@ -112,10 +135,19 @@ def test_the_command_line_wins_and_the_log_says_so(tmp_path, monkeypatch, caplog
     assert "tokenizer.vocab_size=500  (command line" in log and "model.norm=post  (" in log
     record = json.loads((tmp_path / "auto.json").read_text())
     assert "model.dropout" not in record["applied"] and "model.norm" in record["applied"]
+    assert vocabularies == [500] and "measured: 120 batches an epoch" in log
+    assert record["corpus"]["epochs"]["4096"] == {"batches": 120, "padded_tokens": 475_000}
+
+    caplog.clear()  # without the command line's vocabulary: measured with the rule's
+    cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path / "again"))
+    cfg.train.max_time, cfg.auto.probe = 56, False
+    auto_setup.configure(cfg, tmp_path / "again", [])
+    assert vocabularies == [500, 8_000] and cfg.tokenizer.vocab_size == 8_000
 
 
 def test_a_resumed_run_keeps_the_recipe_it_started_with(tmp_path, monkeypatch):
     monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: {})  # estimated from words
     first = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
     first.train.max_time, first.auto.probe = 56, False
     auto_setup.configure(first, tmp_path, [])
@@ -162,6 +194,9 @@ def test_train_py_with_auto_logs_its_choices_and_the_command_line_wins(tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "auto: the recipe for 1,200 pairs" in p.stderr
     assert "model.dropout=0.25  (command line" in p.stderr and "tokenizer.vocab_size=2000  (" in p.stderr
+    assert "4 updates of 2,500 tokens" in p.stderr and " batches an epoch)" in p.stderr
+    batches = int(p.stderr.split(" batches an epoch)")[0].rsplit("measured: ", 1)[1])
+    assert f"{batches} batches per epoch (rank 0)" in p.stderr  # the rule's count is the trainer's
     resolved = (run / "config.resolved.yaml").read_text()
     assert "dropout: 0.25" in resolved and "vocab_size: 2000" in resolved
     assert (run / "auto.json").is_file()

@@ -21,7 +21,8 @@ on other corpora and budgets.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from mt.config import ConfigError
 
@@ -31,10 +32,13 @@ MIN_PAIRS = 1_000  # fewer pairs: no recipe learns a usable translator (OPUS-MT-
 # 500k-1M -> 12k, above -> 32k; Zhang & Duh 2020: on ~24k pairs BPE 1k beats 32k by 5.4 BLEU. This project's
 # Multi30k recipes (29k short captions) reach their scores with 8k-10k: the tiers sit between the two.
 VOCABULARY = [(5_000, 2_000), (15_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)]
-# BPE tokens per whitespace word at each vocabulary size (Multi30k En/De with this project's tokenizer: ~1.25 at
-# 8k-10k; smaller vocabularies cut words into more pieces): to turn a corpus's words into an epoch's tokens.
+# Where the tokenized corpus is not at hand (the rule's table, python -m mt.train.auto), an epoch's tokens are
+# estimated from its words: BPE tokens per whitespace word at each vocabulary size (Multi30k En/De with this
+# project's tokenizer: ~1.25 at 8k-10k; smaller vocabularies cut words into more pieces) and the batches' padding
+# efficiency (Multi30k, length-bucketed: 0.935). On OPUS corpora of short segments both are off (EMEA: 0.78
+# padding, an epoch 2x the estimate): train.py measures the epoch with the batcher instead (`CorpusStats.epochs`).
 TOKENS_PER_WORD = {2_000: 1.7, 4_000: 1.45, 8_000: 1.3, 16_000: 1.2, 32_000: 1.15}
-PADDING = 0.93  # the batches' padding efficiency (Multi30k, length-bucketed: 0.935)
+PADDING = 0.93
 
 # Model shapes by training pairs: the compact shape (d 128) is the only one measured on these budgets; larger
 # corpora get wider models (transformer_small, then the paper's base).
@@ -51,6 +55,7 @@ MIN_UPDATES_FOR_SHAPE = 3_000  # a wider shape only when the budget still holds 
 # than the quickstart's, the winner at ~950: the midpoint of the two on a log scale.
 LONG_RUN_UPDATES = 2_000
 SHORT_TOKENS, LONG_TOKENS, LONG_ACCUMULATE = 2_500, 4_096, 2
+BATCH_TOKENS = (SHORT_TOKENS, LONG_TOKENS)  # the batch sizes the rule picks from: train.py measures an epoch of each
 # Dropout by epochs the budget holds: 0.1 at ~6 epochs (quickstart), 0.3 at ~60 (fairseq's).
 DROPOUT_BY_EPOCHS = [(10, 0.1), (30, 0.2), (math.inf, 0.3)]
 # FLoRes' low-resource extras (attention and activation dropout 0.1, label smoothing 0.2) for a corpus under
@@ -64,12 +69,30 @@ MIN_EPOCHS = 1.0  # a budget under one epoch is warned about
 
 
 @dataclass(frozen=True)
+class Epoch:
+    """One pass over the training data in batches of at most `max_tokens`: how many batches, and their padded
+    tokens (a batch's sentences x its longest source and target, the two sides averaged: the probe's unit)."""
+
+    batches: float
+    padded_tokens: float
+
+
+@dataclass(frozen=True)
 class CorpusStats:
-    """What the rule reads of the training data: pairs with text on both sides, whitespace words per side."""
+    """What the rule reads of the training data: pairs with text on both sides, whitespace words per side, and,
+    where the corpus is tokenized with the rule's vocabulary, its epoch measured at each of BATCH_TOKENS."""
 
     pairs: int
     src_words: int
     tgt_words: int
+    epochs: Mapping[int, Epoch] = field(default_factory=dict)  # max_tokens -> the epoch in such batches
+
+    def epoch(self, vocab: int, max_tokens: int) -> Epoch:
+        """The measured epoch, else the estimate from words: full batches of a padded corpus."""
+        if max_tokens in self.epochs:
+            return self.epochs[max_tokens]
+        tokens = max(self.src_words, self.tgt_words) * TOKENS_PER_WORD[vocab] / PADDING
+        return Epoch(tokens / max_tokens, tokens)
 
 
 @dataclass(frozen=True)
@@ -95,11 +118,12 @@ def tier(table: list[tuple[float, object]], x: float):
     return next(value for bound, value in table if x < bound)
 
 
-def updates_in(budget: Budget, tokens_per_second: float, tokens_per_update: int) -> int:
-    """Updates the budget holds at `tokens_per_second` (padded batch tokens, the probe's unit)."""
+def updates_in(budget: Budget, tokens_per_second: float, epoch: Epoch, accumulate: int) -> int:
+    """Updates of `accumulate` batches the budget holds at `tokens_per_second` (padded batch tokens, the probe's
+    unit), the batches as large as `epoch`'s on average."""
     if budget.updates:
         return budget.updates
-    return int(budget.minutes * 60 * tokens_per_second / tokens_per_update)
+    return int(budget.minutes * 60 * tokens_per_second / (epoch.padded_tokens / epoch.batches * accumulate))
 
 
 def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list[Choice]:
@@ -115,18 +139,20 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
     vocab = tier(VOCABULARY, corpus.pairs)
     out.append(Choice("tokenizer.vocab_size", vocab, f"{corpus.pairs:,} pairs: a joint BPE of {vocab:,}"))
     out.append(Choice("tokenizer.joint", True, "one vocabulary, all embeddings tied (fewer parameters to learn)"))
-    epoch_tokens = max(corpus.src_words, corpus.tgt_words) * TOKENS_PER_WORD[vocab] / PADDING
+    long_epoch = corpus.epoch(vocab, LONG_TOKENS)
 
     shape = tier(SHAPE_BY_PAIRS, corpus.pairs)
-    long_batch = LONG_TOKENS * LONG_ACCUMULATE
-    while shape != "compact" and updates_in(budget, speed[shape], long_batch) < MIN_UPDATES_FOR_SHAPE:
+    while shape != "compact" and updates_in(budget, speed[shape], long_epoch, LONG_ACCUMULATE) < MIN_UPDATES_FOR_SHAPE:
         shape = {"base": "small", "small": "compact"}[shape]  # too slow for the budget: one size down
-    long_run = updates_in(budget, speed[shape], long_batch) >= LONG_RUN_UPDATES
+    long_run = updates_in(budget, speed[shape], long_epoch, LONG_ACCUMULATE) >= LONG_RUN_UPDATES
     tokens, accumulate = (LONG_TOKENS, LONG_ACCUMULATE) if long_run else (SHORT_TOKENS, 1)
-    updates = updates_in(budget, speed[shape], tokens * accumulate)
-    epochs = updates * tokens * accumulate / epoch_tokens
+    epoch = corpus.epoch(vocab, tokens)
+    updates = updates_in(budget, speed[shape], epoch, accumulate)
+    epochs = updates * accumulate / epoch.batches
     rate = f" in {budget.minutes:g} min at {speed[shape]:,.0f} tokens/s" if not budget.updates else ""
-    how_long = f"{updates:,} updates of {tokens * accumulate:,} tokens, ~{epochs:.1f} epochs{rate}"
+    counted = "measured" if tokens in corpus.epochs else "estimated from words"
+    how_long = (f"{updates:,} updates of {tokens * accumulate:,} tokens, ~{epochs:.1f} epochs ({counted}: "
+                f"{epoch.batches:,.0f} batches an epoch){rate}")  # fmt: skip
     if epochs < MIN_EPOCHS:
         out.append(Choice(NOTE, None, f"WARNING: the budget holds {how_long}: less than one pass over the data; "
                           "a longer train.max_time would help more than any setting"))  # fmt: skip

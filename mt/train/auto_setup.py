@@ -4,15 +4,18 @@ chooses except what the command line sets, log each choice with its reason, and 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 from pathlib import Path
 
 from mt.config import Config, ConfigError
 from mt.data import read
+from mt.data.corpus import make_sampler, prepare_data
 from mt.runtime import pick_device
 from mt.train import probe
-from mt.train.auto import NOTE, SHAPE_BY_PAIRS, SHAPES, Budget, Choice, CorpusStats, choose
+from mt.train.auto import BATCH_TOKENS, NOTE, SHAPE_BY_PAIRS, SHAPES, Budget, Choice, CorpusStats, Epoch, choose
 from mt.train.distributed import world_and_rank
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,21 @@ def corpus_stats(cfg: Config) -> CorpusStats:
     held = min(cfg.data.valid_from_train, pairs)
     share = (pairs - held) / pairs
     return CorpusStats(pairs - held, round(src_words * share), round(tgt_words * share))
+
+
+def measure_epochs(cfg: Config, run_dir: Path) -> dict[int, Epoch]:
+    """An epoch of the training data as `cfg` tokenizes it (BPE trained and the corpus tokenized now, in the caches
+    training then reads), cut by the batcher at each of the rule's batch sizes."""
+    corpus = prepare_data(cfg, run_dir, cfg.model.max_positions)
+    out = {}
+    for max_tokens in BATCH_TOKENS:
+        sampler = make_sampler(corpus.train_lengths, max_tokens, cfg.train.seed, True, formation=cfg.data.batching)
+        sampler.mix = corpus.mix.epoch_rows if corpus.mix is not None else None
+        batches = sampler.batches()
+        src, tgt = sampler.src_lens, sampler.tgt_lens
+        padded = sum(len(b) * int(src[b].max() + tgt[b].max()) for b in batches) / 2
+        out[max_tokens] = Epoch(len(batches), padded)
+    return out
 
 
 def budget(cfg: Config) -> Budget:
@@ -79,7 +97,15 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str]) -> Config:
         precision = cfg.train.precision if cfg.train.precision in ("bf16", "fp16") else "fp32"
         speed = probe.throughput(candidate_shapes(stats.pairs), device, precision, cfg.auto.probe)
         choices = choose(stats, budget(cfg), speed)
-        record = {"corpus": vars(stats), "budget": vars(budget(cfg)), "speed": speed, "device": str(device)}
+        if not cfg.train.init_from:  # the epoch measured with the rule's vocabulary (a parent's: estimated)
+            trial = copy.deepcopy(cfg)
+            for c in choices:
+                if c.key.startswith("tokenizer.") and c.key not in keys and "tokenizer" not in groups:
+                    set_key(trial, c.key, c.value)
+            stats = dataclasses.replace(stats, epochs=measure_epochs(trial, run_dir))
+            choices = choose(stats, budget(cfg), speed)
+        record = {"corpus": dataclasses.asdict(stats), "budget": vars(budget(cfg)), "speed": speed,
+                  "device": str(device)}  # fmt: skip
         limit = f"{cfg.train.max_time:g} min" if cfg.train.max_time else f"{cfg.train.max_updates:,} updates"
         source = f"{stats.pairs:,} pairs ({stats.src_words:,} / {stats.tgt_words:,} words) in {limit}"
     lines = [f"auto: the recipe for {source}:"]
