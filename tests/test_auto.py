@@ -101,6 +101,8 @@ def test_a_measured_epoch_replaces_the_estimate_from_words():
     measured = CorpusStats(4_500, 45_000, 48_000, {2_500: Epoch(115, 234_000), 4_096: Epoch(75, 250_000)})
     why = {c.key: c.reason for c in choose(measured, Budget(minutes=20), SPEED)}["train.max_tokens"]
     assert "5,307 updates of 2,500 tokens, ~46.1 epochs (measured: 115 batches an epoch)" in why
+    why = {c.key: c.reason for c in choose(measured, Budget(minutes=20), SPEED)}["model.norm"]
+    assert why.startswith("1,620 updates of 8,192 tokens < 2,000: the quickstart's")  # 2 x 3,333 tokens an update
     why = {c.key: c.reason for c in choose(CorpusStats(4_500, 45_000, 48_000), Budget(minutes=20), SPEED)}
     # 48,000 target words x 1.7 tokens a word / 0.93 padding = 87,742 tokens: 35 full batches of 2,500
     assert (

@@ -144,7 +144,8 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
     shape = tier(SHAPE_BY_PAIRS, corpus.pairs)
     while shape != "compact" and updates_in(budget, speed[shape], long_epoch, LONG_ACCUMULATE) < MIN_UPDATES_FOR_SHAPE:
         shape = {"base": "small", "small": "compact"}[shape]  # too slow for the budget: one size down
-    long_run = updates_in(budget, speed[shape], long_epoch, LONG_ACCUMULATE) >= LONG_RUN_UPDATES
+    long_updates = updates_in(budget, speed[shape], long_epoch, LONG_ACCUMULATE)  # in updates of 8,192 tokens
+    long_run = long_updates >= LONG_RUN_UPDATES
     tokens, accumulate = (LONG_TOKENS, LONG_ACCUMULATE) if long_run else (SHORT_TOKENS, 1)
     epoch = corpus.epoch(vocab, tokens)
     updates = updates_in(budget, speed[shape], epoch, accumulate)
@@ -176,7 +177,8 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
             Choice("train.clip_norm", 0.0, why),
         ]
     else:  # the quickstart's, the measured winner at ~950 updates
-        why = f"{updates:,} updates < {LONG_RUN_UPDATES:,}: the quickstart's schedule (the winner at 5 min)"
+        why = (f"{long_updates:,} updates of {LONG_TOKENS * LONG_ACCUMULATE:,} tokens < {LONG_RUN_UPDATES:,}: the "
+               "quickstart's schedule (the winner at 5 min)")  # fmt: skip
         out += [
             Choice("model.norm", "pre", why),
             Choice("model.init", "xavier", why),
