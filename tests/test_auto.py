@@ -39,7 +39,7 @@ TABLE = [
         Budget(minutes=56),
         SPEED,
         {"model.norm": "post", "model.init": "fairseq", "train.schedule": "inverse_sqrt", "train.lr": 5e-3,
-         "train.max_tokens": 4_096, "train.accumulate": 2, "model.dropout": 0.3, "model.d_ff": 512,
+         "train.max_tokens": 4_096, "train.accumulate": 2, "model.dropout": 0.3, "model.d_ff": 256,
          "train.average_last": 10, "train.keep_last": 10, "train.label_smoothing": 0.1},
     ),
     (
@@ -47,7 +47,7 @@ TABLE = [
         CorpusStats(4_500, 45_000, 48_000),
         Budget(minutes=20),
         SPEED,
-        {"tokenizer.vocab_size": 2_000, "model.dropout": 0.3, "model.attention_dropout": 0.1,
+        {"tokenizer.vocab_size": 4_000, "model.dropout": 0.3, "model.attention_dropout": 0.1,
          "model.activation_dropout": 0.1, "train.label_smoothing": 0.2, "model.d_model": 128},
     ),
     (
@@ -102,11 +102,11 @@ def test_a_measured_epoch_replaces_the_estimate_from_words():
     why = {c.key: c.reason for c in choose(measured, Budget(minutes=20), SPEED)}["train.max_tokens"]
     assert "5,307 updates of 2,500 tokens, ~46.1 epochs (measured: 115 batches an epoch)" in why
     why = {c.key: c.reason for c in choose(measured, Budget(minutes=20), SPEED)}["model.norm"]
-    assert why.startswith("1,620 updates of 8,192 tokens < 2,000: the quickstart's")  # 2 x 3,333 tokens an update
+    assert why.startswith("1,620 updates of 8,192 tokens < 3,000: the quickstart's")  # 2 x 3,333 tokens an update
     why = {c.key: c.reason for c in choose(CorpusStats(4_500, 45_000, 48_000), Budget(minutes=20), SPEED)}
-    # 48,000 target words x 1.7 tokens a word / 0.93 padding = 87,742 tokens: 35 full batches of 2,500
+    # 48,000 target words x 1.45 tokens a word / 0.93 padding = 74,839 tokens: 30 full batches of 2,500
     assert (
-        "4,319 updates of 2,500 tokens, ~123.1 epochs (estimated from words: 35 batches an epoch)"
+        "4,320 updates of 2,500 tokens, ~144.3 epochs (estimated from words: 30 batches an epoch)"
         in why["train.max_tokens"]
     )
 
@@ -195,15 +195,15 @@ def test_train_py_with_auto_logs_its_choices_and_the_command_line_wins(tmp_path)
                         f"run_dir={run}"], cwd=ROOT, capture_output=True, text=True)  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     assert "auto: the recipe for 1,200 pairs" in p.stderr
-    assert "model.dropout=0.25  (command line" in p.stderr and "tokenizer.vocab_size=2000  (" in p.stderr
+    assert "model.dropout=0.25  (command line" in p.stderr and "tokenizer.vocab_size=4000  (" in p.stderr
     assert "4 updates of 2,500 tokens" in p.stderr and " batches an epoch)" in p.stderr
     batches = int(p.stderr.split(" batches an epoch)")[0].rsplit("measured: ", 1)[1])
     assert f"{batches} batches per epoch (rank 0)" in p.stderr  # the rule's count is the trainer's
     resolved = (run / "config.resolved.yaml").read_text()
-    assert "dropout: 0.25" in resolved and "vocab_size: 2000" in resolved
+    assert "dropout: 0.25" in resolved and "vocab_size: 4000" in resolved
     assert (run / "auto.json").is_file()
     report = (run / "test.report.md").read_text()
-    assert "recipe: +experiment=auto (auto.json): tokenizer.vocab_size=2000" in report
+    assert "recipe: +experiment=auto (auto.json): tokenizer.vocab_size=4000" in report
     assert "model.dropout=" not in report  # the command line's, not the rule's
 
 
