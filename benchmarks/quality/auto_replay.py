@@ -7,15 +7,19 @@ from the CPU run's measured corpus (its auto.json) and the CPU's speed of the tr
 the model cheaper per token (`ff256`) gets the extra updates it would get on the CPU.
 
     # here, on the CPU machine, after the CPU runs of the point (auto_trials.py run iwslt_30 auto fairseq):
-    python benchmarks/quality/auto_replay.py plan iwslt_30 auto noextras ff256 long fairseq \
-        --cpu-runs /path/to/trials --data .gpudata --out .gpudata/plan.json
+    python benchmarks/quality/auto_replay.py plan iwslt_30 auto first noextras fairseq \
+        --cpu-runs runs/trials --data .gpudata --out .gpudata/plan.json
     # there, on the GPU machine (after benchmarks/gpu_kit.sh prepare, data and plan carried in .gpudata):
-    python benchmarks/quality/auto_replay.py run .gpudata/plan.json --device cuda --jobs 9 --out OUT
-    # anywhere: the val table (whole val set, paired bootstrap against the first trial) and test scores
-    python benchmarks/quality/auto_replay.py table OUT
+    python benchmarks/quality/auto_replay.py run .gpudata/plan.json --device cuda --jobs 10 --out OUT
+    # anywhere: each run's test scores, then the val table (whole val set, paired bootstrap against the first run)
+    python benchmarks/quality/auto_replay.py table OUT iwslt_30 --refs val.en   # --split test: the test set
 
-The speed of a shape on the CPU is the CPU run's (its auto.json) times the ratio of the probe's speeds of the two
-shapes (mt/train/probe.py), measured on this CPU; fairseq's trials run the CPU run's own update count (same shape, same speed).
+The CPU speed of a trial's shape and vocabulary is the CPU run's (its auto.json) times the ratio of the probe's
+speeds of the two (mt/train/probe.py), measured on this CPU, and every auto trial's count is scaled by the CPU run's
+updates over the rule's plan for it (the probe's 24-token sentences run at another rate than a corpus's); fairseq's
+trials run the CPU run's own update count (same shape, same speed). The CPU run of `auto` read is the rule as it is
+now (its auto.json records the compact shape's speed); `first` and the trials built on it are the rule before the
+trials of docs/auto.md changed it.
 """
 
 from __future__ import annotations
@@ -47,22 +51,33 @@ LONG = {"LONG_RUN_UPDATES": 0}  # fairseq's schedule and 8,192-token updates at 
 SHORT = {"LONG_RUN_UPDATES": math.inf}  # the quickstart's schedule and 2,500-token updates at any budget
 LONG3K = {"LONG_RUN_UPDATES": 3_000}  # fairseq's schedule from 3,000 updates of 8,192 tokens
 VOCAB2 = {"VOCABULARY": [(5_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)]}
+# The first rule, before these trials changed it: the compact shape's FFN 512, fairseq's schedule from 2,000
+# updates of 8,192 tokens, a 2k BPE under 5,000 pairs.
+FIRST = {
+    "SHAPES": {**auto.SHAPES, "compact": {**auto.SHAPES["compact"], "d_ff": 512}},
+    "LONG_RUN_UPDATES": 2_000,
+    "VOCABULARY": [(5_000, 2_000), (15_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)],
+}
 
 # name -> (the recipe it changes, patches of mt/train/auto.py's tables, overrides on the choices)
 TRIALS: dict[str, tuple[str, dict, list[str]]] = {
-    "auto": ("auto", {}, []),
-    "noextras": ("auto", NO_EXTRAS, []),
-    "ff256": ("auto", FF256, []),  # the cheaper FFN: at IWSLT 30 the rule then takes the long schedule
-    "short_ff256": ("auto", {**FF256, **SHORT}, []),
-    "short_ff256_noextras": ("auto", {**FF256, **SHORT, **NO_EXTRAS}, []),
-    "v8k": ("auto", {}, ["tokenizer.vocab_size=8000"]),  # the same tokens per update, so the same count
-    "long": ("auto", {**LONG, **NO_EXTRAS}, []),
-    "long_ff256": ("auto", {**LONG, **NO_EXTRAS, **FF256}, []),
-    "new": ("auto", {**FF256, **LONG3K, **VOCAB2}, []),  # the three together
-    "new_oldvocab": ("auto", {**FF256, **LONG3K}, []),
+    "auto": ("auto", {}, []),  # the rule as it is
+    "first": ("auto", FIRST, []),
+    "noextras": ("auto", {**FIRST, **NO_EXTRAS}, []),
+    "ff256": ("auto", {**FIRST, **FF256}, []),  # the cheaper FFN: at IWSLT 30 the first rule then goes long
+    "short_ff256": ("auto", {**FIRST, **FF256, **SHORT}, []),
+    "short_ff256_noextras": ("auto", {**FIRST, **FF256, **SHORT, **NO_EXTRAS}, []),
+    "v8k": ("auto", FIRST, ["tokenizer.vocab_size=8000"]),  # at the 4k run's count: flatters it
+    "long": ("auto", {**FIRST, **LONG, **NO_EXTRAS}, []),
+    "long_ff256": ("auto", {**FIRST, **LONG, **NO_EXTRAS, **FF256}, []),
+    "ff256_v8k": ("auto", {**FIRST, **FF256, **LONG3K, **VOCAB2}, []),  # 4k under 5,000 pairs, 8k to 60,000
+    "ff256_v2k": ("auto", {**FIRST, **FF256, **LONG3K}, []),  # the first rule's vocabulary
     "fairseq": ("fairseq", {}, []),
-    "fairseq_cased4k": ("fairseq", {}, ["tokenizer.normalization=NFC", "tokenizer.pretokenize=none",
-                                        "tokenizer.vocab_size=4000"]),  # fmt: skip
+    "fairseq_cased4k": (
+        "fairseq",
+        {},
+        ["tokenizer.normalization=NFC", "tokenizer.pretokenize=none", "tokenizer.vocab_size=4000"],
+    ),  # fmt: skip
 }
 
 
@@ -140,8 +155,8 @@ def plan(point: str, names: list[str], cpu_runs: Path, data: Path, seeds: list[i
         if recipe == "auto":
             run_vocab = next(c["value"] for c in record["choices"] if c["key"] == "tokenizer.vocab_size")
             with patched(patches):
-                vocab = next(int(e.split("=")[1]) for e in extra if e.startswith("tokenizer.vocab_size=")) if any(
-                    e.startswith("tokenizer.vocab_size=") for e in extra) else auto.tier(auto.VOCABULARY, stats.pairs)
+                given = dict(e.split("=", 1) for e in extra)
+                vocab = int(given.get("tokenizer.vocab_size", 0)) or auto.tier(auto.VOCABULARY, stats.pairs)
                 shape = auto.SHAPES["compact"]
             speed = {"compact": cpu_speed(shape, vocab, record["speed"]["compact"], run_vocab)}
             scale = auto.TOKENS_PER_WORD[vocab] / auto.TOKENS_PER_WORD[run_vocab]  # the run measured its own BPE's
@@ -149,8 +164,8 @@ def plan(point: str, names: list[str], cpu_runs: Path, data: Path, seeds: list[i
                                                              for k, e in stats.epochs.items()})  # fmt: skip
             choices, updates = rule_with(patches, trial_stats, budget, speed)
             updates = round(updates * calibration)
-            keys = {e.split("=", 1)[0] for e in extra}  # Hydra takes one value a key: the trial's wins
-            args = ["+experiment=auto", "auto.enabled=false", *[c for c in choices if c.split("=", 1)[0] not in keys]]
+            # Hydra takes one value a key: the trial's wins
+            args = ["+experiment=auto", "auto.enabled=false", *[c for c in choices if c.split("=", 1)[0] not in given]]
         else:
             args, updates = list(RECIPES[recipe]), fairseq_updates
         for seed in seeds:
@@ -192,7 +207,8 @@ def table(out: Path, refs: Path, point: str, split: str) -> None:
     for p in runs:
         r = json.loads(next(p.glob("test*.report.json")).read_text())
         metrics = p / "metrics.jsonl"
-        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+        lines = metrics.read_text().splitlines() if metrics.is_file() else []
+        rows = [json.loads(line) for line in lines if line.strip()]
         nll = min((row["valid_nll"] for row in rows if "valid_nll" in row), default=float("nan"))
         updates = max((row.get("update", 0) for row in rows), default=0)
         print(f"{p.name}: {updates:,} updates, best val nll {nll:.3f}; test lc BLEU {r['bleu_lowercase']:.2f}, "

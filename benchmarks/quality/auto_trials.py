@@ -9,7 +9,8 @@ scored table (docs/auto.md).
 
 A point is a corpus and a budget in minutes of training on this machine (`train.max_time`); a recipe is `auto`
 (`+experiment=auto`), `fairseq` (`multi30k_en_de_fairseq`, fairseq's Multi30k recipe, level with fairseq in the CPU
-hour), `recipe` (`multi30k_en_de`, this project's) or `defaults` (no experiment). Runs go to
+hour), `recipe` (`multi30k_en_de`, this project's) or `defaults` (no experiment); `table` also scores the runs of
+the first rule (`first`, before the GPU trials of docs/auto.md changed it). Runs go to
 `runs/trials/POINT.RECIPE.sSEED` (`--runs` moves them); the cuts to `multi30k_N` beside that folder (runs/data/).
 Run each with the machine alone: the budget is wall-clock. `table` scores every point whose fairseq run and at least
 one other recipe's exist: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and
@@ -38,6 +39,10 @@ CUT_SEED = 1  # the cut is drawn with this seed, the same pairs for every recipe
 
 RECIPES = {"auto": ["+experiment=auto"], "fairseq": ["+experiment=multi30k_en_de_fairseq"],
            "recipe": ["+experiment=multi30k_en_de"], "defaults": []}  # fmt: skip
+# Runs of the first rule, before the GPU trials of docs/auto.md changed it (the compact shape's FFN 512, fairseq's
+# schedule from 2,000 updates, a 2k BPE under 5,000 pairs): run dirs POINT.first.sSEED, scored beside the others.
+FIRST = "first"
+SCORED = [*RECIPES, FIRST]
 
 
 @dataclass(frozen=True)
@@ -135,7 +140,7 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
         seeds = {}  # seed -> the run dirs that translated the test split, fairseq's first
         for seed in range(1, 4):
             base = run_dir(runs, point, "fairseq", seed)
-            others = [run_dir(runs, point, r, seed) for r in RECIPES if r != "fairseq"]
+            others = [run_dir(runs, point, r, seed) for r in SCORED if r != "fairseq"]
             done = [r for r in [base, *others] if (r / f"{c.split}.hyp").is_file()]
             if base not in done or len(done) < 2:
                 continue
@@ -154,7 +159,7 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
         if not seeds:
             continue
         # Over the seeds: the recipes every seed ran, their translations and references end to end (pooled).
-        names = [n for n in RECIPES if all(any(r.name.split(".")[1] == n for r in done) for done in seeds.values())]
+        names = [n for n in SCORED if all(any(r.name.split(".")[1] == n for r in done) for done in seeds.values())]
         hyps = {n: [] for n in names}
         refs = []
         for seed, done in seeds.items():
@@ -170,10 +175,10 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
                       f"{lc[n]['score']:.2f} | {lc[n]['delta']:+.2f}, {lc[n]['p_bs']:.3f} |")  # fmt: skip
         summary.append((c.label, minutes, len(seeds), lc))
     print("\nLowercased test BLEU (seeds pooled), each recipe's difference to fairseq's recipe and p:\n")
-    print("| corpus | minutes | seeds | " + " | ".join(RECIPES) + " | Δ auto, p |")
-    print("|---" * (len(RECIPES) + 4) + "|")
+    print("| corpus | minutes | seeds | " + " | ".join(SCORED) + " | Δ auto, p |")
+    print("|---" * (len(SCORED) + 4) + "|")
     for label, minutes, n, lc in summary:
-        cells = [f"{lc[r]['score']:.2f}" if r in lc else "" for r in RECIPES]
+        cells = [f"{lc[r]['score']:.2f}" if r in lc else "" for r in SCORED]
         versus = f"{lc['auto']['delta']:+.2f}, {lc['auto']['p_bs']:.3f}" if "auto" in lc else ""
         print(f"| {label} | {minutes} | {n} | " + " | ".join(cells) + f" | {versus} |")
     if plot is not None and points:
@@ -198,7 +203,7 @@ def draw_minutes(points: list[tuple[int, str, float]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    for marker, recipe in zip("os^v", RECIPES):
+    for marker, recipe in zip("os^vD", SCORED):
         mine = [(m, b) for m, r, b in points if r == recipe]
         if not mine:
             continue
@@ -230,7 +235,7 @@ def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.6), squeeze=False)
     for ax, minutes in zip(axes[0], budgets):
-        for marker, recipe in zip("os^v", RECIPES):
+        for marker, recipe in zip("os^vD", SCORED):
             xy = [(p, b) for p, m, r, b, _ in points if m == minutes and r == recipe]
             if xy:
                 ax.scatter(*zip(*xy), marker=marker, s=45, label=recipe, zorder=3)

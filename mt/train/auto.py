@@ -31,7 +31,7 @@ MIN_PAIRS = 1_000  # fewer pairs: no recipe learns a usable translator (OPUS-MT-
 # BPE vocabulary (joint) by training pairs. OPUS-MT-train: 10k-100k lines -> 1k per side, 100k-500k -> 4k,
 # 500k-1M -> 12k, above -> 32k; Zhang & Duh 2020: on ~24k pairs BPE 1k beats 32k by 5.4 BLEU. Within these budgets
 # a smaller vocabulary costs more tokens a sentence, so fewer sentences an update: measured at a CPU budget's update
-# count (docs/auto.md), 4k beats 2k on Multi30k cut to 3,600 pairs (+0.84 val BLEU lc, p 0.027) and ties 8k on IWSLT
+# count (docs/auto.md), 4k beats 2k on Multi30k cut to 3,600 pairs (+0.83 val BLEU lc, p 0.030) and ties 8k on IWSLT
 # TED (9,527 pairs; 8k at its CPU speed: -0.3). This project's Multi30k recipes (29k captions) use 8k-10k.
 VOCABULARY = [(15_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)]
 # Where the tokenized corpus is not at hand (the rule's table, python -m mt.train.auto), an epoch's tokens are
