@@ -207,7 +207,9 @@ def draw_minutes(points: list[tuple[int, str, float]], out: Path) -> None:
         mine = [(m, b) for m, r, b in points if r == recipe]
         if not mine:
             continue
-        (line,) = ax.plot(*zip(*seed_means(mine)), marker=marker, label=recipe, zorder=3)
+        (line,) = ax.plot(
+            *zip(*seed_means(mine)), marker=marker, label=recipe, zorder=3, color=f"C{SCORED.index(recipe)}"
+        )
         ax.scatter(*zip(*mine), marker=marker, s=14, color=line.get_color(), alpha=0.5, zorder=2)
     ax.set_xlabel("minutes of training (train.max_time)")
     ax.set_ylabel("test BLEU, lowercased")
@@ -238,7 +240,7 @@ def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
         for marker, recipe in zip("os^vD", SCORED):
             xy = [(p, b) for p, m, r, b, _ in points if m == minutes and r == recipe]
             if xy:
-                ax.scatter(*zip(*xy), marker=marker, s=45, label=recipe, zorder=3)
+                ax.scatter(*zip(*xy), marker=marker, s=45, label=recipe, zorder=3, color=f"C{SCORED.index(recipe)}")
         for label in {(p, c) for p, m, _, _, c in points if m == minutes}:
             mine = [b for p, m, _, b, c in points if m == minutes and (p, c) == label]
             higher = [
