@@ -40,7 +40,8 @@ TABLE = [
         SPEED,
         {"model.norm": "post", "model.init": "fairseq", "train.schedule": "inverse_sqrt", "train.lr": 5e-3,
          "train.max_tokens": 4_096, "train.accumulate": 2, "model.dropout": 0.3, "model.d_ff": 256,
-         "train.average_last": 10, "train.keep_last": 10, "train.label_smoothing": 0.1},
+         "train.average_last": 10, "train.keep_last": 10, "train.label_smoothing": 0.1, "train.warmup": 600,
+         "tokenizer.vocab_size": 10_000},
     ),
     (
         "5,000 pairs in 20 minutes: a small vocabulary, many epochs, FLoRes' regularization",
@@ -85,7 +86,7 @@ TABLE = [
         MULTI30K,
         Budget(updates=4_000),
         SPEED,
-        {"train.warmup": 1_000, "train.valid_every": 400, "model.norm": "post"},
+        {"train.warmup": 600, "train.valid_every": 400, "model.norm": "post", "tokenizer.vocab_size": 10_000},
     ),
 ]  # fmt: skip
 
@@ -144,7 +145,22 @@ def test_the_command_line_wins_and_the_log_says_so(tmp_path, monkeypatch, caplog
     cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path / "again"))
     cfg.train.max_time, cfg.auto.probe = 56, False
     auto_setup.configure(cfg, tmp_path / "again", [])
-    assert vocabularies == [500, 8_000] and cfg.tokenizer.vocab_size == 8_000
+    assert vocabularies == [500, 10_000] and cfg.tokenizer.vocab_size == 10_000  # a long budget's
+
+
+def test_the_epoch_is_measured_again_when_it_makes_the_budget_long_and_the_vocabulary_larger(tmp_path, monkeypatch):
+    # From words, 42 minutes hold 2,768 updates of 8,192 tokens (full batches): a short budget, BPE 8k. Measured,
+    # the batches hold 2,833 padded tokens, 4,003 updates: a long budget, whose vocabulary is 10k, measured again.
+    monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
+    vocabularies = []
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: vocabularies.append(
+        cfg.tokenizer.vocab_size) or {2_500: Epoch(200, 460_000), 4_096: Epoch(120, 340_000)})  # fmt: skip
+    monkeypatch.setattr(auto_setup.probe, "throughput", lambda *args: SPEED)
+    cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
+    cfg.train.max_time = 42
+    auto_setup.configure(cfg, tmp_path, [])
+    assert vocabularies == [8_000, 10_000]
+    assert cfg.tokenizer.vocab_size == 10_000 and cfg.model.norm == "post" and cfg.train.warmup == 600
 
 
 def test_a_resumed_run_keeps_the_recipe_it_started_with(tmp_path, monkeypatch):
@@ -210,5 +226,5 @@ def test_train_py_with_auto_logs_its_choices_and_the_command_line_wins(tmp_path)
 def test_the_docs_grid_reads_the_rule():
     rows = grid([3_600, 29_000], [5, 60], SPEED, words_per_pair=12).splitlines()
     assert rows[0] == "| pairs | 5 min | 60 min |" and len(rows) == 4
-    assert rows[3] == "| 29,000 | 8k, compact, short, 0.1 | 8k, compact, long, 0.3 |"
+    assert rows[3] == "| 29,000 | 8k, compact, short, 0.1 | 10k, compact, long, 0.3 |"
     assert rows[2].count("FLoRes") == 2  # 3,600 pairs are seen 30+ times in both budgets

@@ -156,7 +156,8 @@ def plan(point: str, names: list[str], cpu_runs: Path, data: Path, seeds: list[i
             run_vocab = next(c["value"] for c in record["choices"] if c["key"] == "tokenizer.vocab_size")
             with patched(patches):
                 given = dict(e.split("=", 1) for e in extra)
-                vocab = int(given.get("tokenizer.vocab_size", 0)) or auto.tier(auto.VOCABULARY, stats.pairs)
+                ruled = {c.key: c.value for c in auto.choose(stats, budget, record["speed"])}
+                vocab = int(given.get("tokenizer.vocab_size", 0)) or ruled["tokenizer.vocab_size"]
                 shape = auto.SHAPES["compact"]
             speed = {"compact": cpu_speed(shape, vocab, record["speed"]["compact"], run_vocab)}
             scale = auto.TOKENS_PER_WORD[vocab] / auto.TOKENS_PER_WORD[run_vocab]  # the run measured its own BPE's

@@ -97,12 +97,16 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str]) -> Config:
         precision = cfg.train.precision if cfg.train.precision in ("bf16", "fp16") else "fp32"
         speed = probe.throughput(candidate_shapes(stats.pairs), device, precision, cfg.auto.probe)
         choices = choose(stats, budget(cfg), speed)
-        if not cfg.train.init_from:  # the epoch measured with the rule's vocabulary (a parent's: estimated)
+        measured_at = None  # the epoch measured with the rule's vocabulary (a parent's: estimated)
+        for _ in range(3 if not cfg.train.init_from else 0):  # a long budget changes the vocabulary: settles in two
             trial = copy.deepcopy(cfg)
             for c in choices:
                 if c.key.startswith("tokenizer.") and c.key not in keys and "tokenizer" not in groups:
                     set_key(trial, c.key, c.value)
+            if trial.tokenizer.vocab_size == measured_at:
+                break
             stats = dataclasses.replace(stats, epochs=measure_epochs(trial, run_dir))
+            measured_at = trial.tokenizer.vocab_size
             choices = choose(stats, budget(cfg), speed)
         record = {"corpus": dataclasses.asdict(stats), "budget": vars(budget(cfg)), "speed": speed,
                   "device": str(device)}  # fmt: skip
