@@ -104,6 +104,10 @@ class TokenizerConfig:
     # "moses": Moses-tokenize source and target (in data.src_lang / data.tgt_lang) before the BPE, and detokenize
     # translations after it (mt/data/pretokenize.py), as fairseq's recipes prepare text; saved with the tokenizer.
     pretokenize: str = "none"
+    # Case markup (mt/data/casing.py, OpenNMT's case_markup): the BPE and the model see lowercase words, each word
+    # that was capitalized or in capitals preceded by a mark, and translations are cased again from the marks: the
+    # vocabulary of a lowercased model with cased output. Saved with the tokenizer.
+    case_markup: bool = False
 
 
 @dataclass

@@ -61,6 +61,9 @@ def validate(cfg: Config) -> None:
     if cfg.tokenizer.pretokenize != "none" and cfg.data.directions:
         raise ConfigError("tokenizer.pretokenize=moses tokenizes one source and one target language; a "
                           "data.directions run has several target languages: unset one of them")  # fmt: skip
+    if cfg.tokenizer.case_markup and "Lowercase" in cfg.tokenizer.normalization.split("+"):
+        raise ConfigError(f"tokenizer.case_markup=true with tokenizer.normalization={cfg.tokenizer.normalization}: "
+                          "case markup keeps the case that Lowercase removes; drop one of them")  # fmt: skip
     validate_corpora(cfg)
     if cfg.auto.enabled:
         validate_auto(cfg)

@@ -499,6 +499,12 @@ ROWS = [
         "tokenizer.pretokenize=moses: transformers' tokenizers cannot run Moses",
     ),
     (
+        "transformers_case_markup",
+        "export",
+        _to_transformers(tokenizer={"pretokenize": {"kind": "none", "case_markup": True}}),
+        "tokenizer.case_markup=true: transformers' tokenizers cannot mark case",
+    ),
+    (
         "transformers_multilingual",
         "export",
         _to_transformers(data={"directions": ["xx-yy", "xx-zz"]}),
@@ -552,6 +558,13 @@ ROWS = [
     ("valid_from_train_too_many", "train", _args("data.valid_from_train=5000"), "data.valid_from_train=5000"),
     ("model_init_unknown", "train", _args("model.init=he"), "model.init='he' is not one of xavier, fairseq"),
     ("pretokenize_unknown", "train", _args("tokenizer.pretokenize=spacy"), "tokenizer.pretokenize='spacy' is not one"),
+    ("case_markup_not_bool", "train", _args("tokenizer.case_markup=maybe"), "tokenizer.case_markup"),
+    (
+        "case_markup_with_lowercase",
+        "train",
+        _args("tokenizer.case_markup=true", "tokenizer.normalization=NFC+Lowercase"),
+        "tokenizer.case_markup=true with tokenizer.normalization=NFC+Lowercase",
+    ),
     (
         "pretokenize_with_directions",
         "train",

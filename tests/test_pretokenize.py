@@ -238,8 +238,8 @@ def test_an_export_without_its_pretokenize_record_is_refused(moses_run, tmp_path
 
 
 def test_the_tokenizer_cache_key_of_a_run_without_moses_is_the_key_of_before():
-    """Runs without Moses keep the tokenizer cache key they had before the option existed (their config had no
-    pretokenize key): an upgrade neither retrains their BPE nor makes a resume report a changed corpus."""
+    """Runs without Moses or case markup keep the tokenizer cache key they had before the options existed (their
+    config had neither key): an upgrade neither retrains their BPE nor makes a resume report a changed corpus."""
     import hashlib
     from dataclasses import asdict
 
@@ -247,10 +247,11 @@ def test_the_tokenizer_cache_key_of_a_run_without_moses_is_the_key_of_before():
     from mt.data.corpus import _meta_key
 
     cfg = TokenizerConfig()
-    before = {k: v for k, v in asdict(cfg).items() if k != "pretokenize"}
+    before = {k: v for k, v in asdict(cfg).items() if k not in ("pretokenize", "case_markup")}
     key = hashlib.sha256(json.dumps([before, "fp"], sort_keys=True).encode()).hexdigest()[:16]
     assert _meta_key(cfg, "fp") == key
     assert _meta_key(replace(cfg, pretokenize="moses"), "fp") != key
+    assert _meta_key(replace(cfg, case_markup=True), "fp") != key  # (tokenizer.case_markup, tests/test_casing.py)
 
 
 def test_a_normalization_that_folds_the_joiner_still_gives_text_back():

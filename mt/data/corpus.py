@@ -18,7 +18,7 @@ import numpy as np
 from datasets.arrow_writer import ArrowWriter
 
 from mt.config import Config, ConfigError, CorpusConfig, DataConfig, TokenizerConfig, parse_direction
-from mt.data import read
+from mt.data import casing, read
 from mt.data.batching import BatchLoader, TokenBucketSampler
 from mt.data.bpe_dropout import BPEDropoutSegments
 from mt.data.holdout import Without, held_out_pairs, hold_out
@@ -199,8 +199,9 @@ class TaggedRows:
 
 def _meta_key(cfg: TokenizerConfig, train_fingerprint: str, tags: tuple[str, ...] = (), balanced: bool = False) -> str:
     config = asdict(cfg)
-    if config["pretokenize"] == "none":  # (the key of a run without Moses is the key of before the option)
-        del config["pretokenize"]
+    for key, off in (("pretokenize", "none"), ("case_markup", False)):  # (a run without them: the key of before)
+        if config[key] == off:
+            del config[key]
     what = [config, train_fingerprint, *([list(tags)] if tags else []), *(["balanced"] if balanced else [])]
     what += ["punctuation keeps its space", "joiner marks"] if cfg.pretokenize == "moses" else []  # `new_tokenizer`'s
     # (without tags, balance or Moses: the keys of before)
@@ -231,7 +232,7 @@ def build_vocabs(
             raise TokenizerError(f"tokenizer.path={cfg.path}: no such file; train one by unsetting tokenizer.path")
         vocab = Vocab.from_file(cfg.path)
         log.info("tokenizer: loaded %s (%d types)", cfg.path, len(vocab))
-        return Vocabs(vocab, vocab).pretokenizing(cfg.pretokenize, *(langs or ("", "")))
+        return Vocabs(vocab, vocab).pretokenizing(cfg.pretokenize, *(langs or ("", "")), cfg.case_markup)
     key = _meta_key(cfg, pairs.fingerprint, tags, balanced=bool(languages))
     meta = run_dir / "tokenizer.meta.json"
     if meta.is_file() and json.loads(meta.read_text()).get("key") == key:
@@ -268,12 +269,14 @@ def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str, tags: tuple[
     if cfg.pretokenize == "moses":  # the BPE learns from the text as it will see it
         src, tgt = moses(langs[0]), moses(langs[1])
         sample = [(src.tokenize(s), tgt.tokenize(t)) for s, t in sample]
+    if cfg.case_markup:  # (after Moses, as `Vocab.pretokenized`)
+        sample = [(casing.mark(s), casing.mark(t)) for s, t in sample]
     if cfg.joint:
         vocab = train_vocab(cfg, sample, (0, 1), tags)
         vocabs = Vocabs(vocab, vocab)
     else:
         vocabs = Vocabs(train_vocab(cfg, sample, (0,), tags), train_vocab(cfg, sample, (1,)))
-    vocabs = vocabs.pretokenizing(cfg.pretokenize, *(langs or ("", "")))
+    vocabs = vocabs.pretokenizing(cfg.pretokenize, *(langs or ("", "")), cfg.case_markup)
     log.info(
         "tokenizer: trained BPE on %d of %d pairs in %.1f s: %d source / %d target types",
         len(sample),
@@ -288,13 +291,16 @@ def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str, tags: tuple[
 def _train_balanced(cfg: TokenizerConfig, languages, key: str, tags: tuple[str, ...]) -> tuple[Vocabs, dict]:
     start = time.perf_counter()
     texts = balanced_sample(languages, cfg.sample_pairs)
+    if cfg.case_markup:
+        texts = {lang: [casing.mark(t) for t in sentences] for lang, sentences in texts.items()}
     chunks = (sentences[i : i + 2000] for sentences in texts.values() for i in range(0, len(sentences), 2000))
     vocab = train_vocab_on(cfg, chunks, sum(len(t) for t in texts.values()), tags)
     counts = {lang: len(t) for lang, t in texts.items()}
     sentences = ", ".join(f"{n} {lang}" for lang, n in counts.items())
     seconds = time.perf_counter() - start
     log.info("tokenizer: trained a joint BPE on %s sentences in %.1f s: %d types", sentences, seconds, len(vocab))
-    return Vocabs(vocab, vocab), {"key": key, "config": asdict(cfg), "sentences": counts}
+    vocabs = Vocabs(vocab, vocab).pretokenizing("none", "", "", cfg.case_markup)
+    return vocabs, {"key": key, "config": asdict(cfg), "sentences": counts}
 
 
 def _save(vocabs: Vocabs, record: dict, dir: Path) -> None:

@@ -2,7 +2,8 @@
 
 Metaspace turns spaces into a visible marker (as SentencePiece does) and its decoder turns them back, and the
 punctuation split only cuts between characters, so `decode(encode(s)) == s` for any NFC text whose characters
-were seen in training (with the default normalization; "NFC+Lowercase" lowercases on the way in). Special tokens
+were seen in training (with the default normalization; "NFC+Lowercase" lowercases on the way in; with case markup,
+mt/data/casing.py, the BPE sees lowercase words and marks, and the output is cased again). Special tokens
 take fixed ids: <pad>=0, <unk>=1, <s>=2, </s>=3; their text in an input is plain text, never the special id.
 """
 
@@ -21,6 +22,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from mt.config import TokenizerConfig
+from mt.data import casing
 from mt.data.pretokenize import JOINER, Moses, moses
 from mt.errors import TokenizerError
 
@@ -33,10 +35,11 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 class Vocab:
     """One BPE tokenizer: text <-> ids without special tokens (the model adds <s> and </s> itself). With `moses`
-    (tokenizer.pretokenize=moses), text is Moses-tokenized in its language before the BPE and detokenized after."""
+    (tokenizer.pretokenize=moses), text is Moses-tokenized in its language before the BPE and detokenized after;
+    with `case_markup` (tokenizer.case_markup), lowercased with case marks (after Moses) and cased again."""
 
-    def __init__(self, tokenizer: Tokenizer, moses: Moses | None = None):
-        self.tokenizer, self.moses = tokenizer, moses
+    def __init__(self, tokenizer: Tokenizer, moses: Moses | None = None, case_markup: bool = False):
+        self.tokenizer, self.moses, self.case_markup = tokenizer, moses, case_markup
         # Text is text: "<pad>", "</s>" or "<2fr>" typed in an input are split like any other characters, never
         # matched as the special token (which would mask a source as padding, end a prefix or pick a language).
         # The model's specials come from ids, not from text. (A setting of the object, not saved in the JSON.)
@@ -53,12 +56,16 @@ class Vocab:
         return self.tokenizer.get_vocab_size()
 
     def pretokenized(self, texts: list[str]) -> list[str]:
-        """`texts` as the BPE sees them: Moses-tokenized with `moses`, else as they are."""
-        return [self.moses.tokenize(t) for t in texts] if self.moses is not None else texts
+        """`texts` as the BPE sees them: Moses-tokenized with `moses`, case-marked with `case_markup`."""
+        if self.moses is not None:
+            texts = [self.moses.tokenize(t) for t in texts]
+        return [casing.mark(t) for t in texts] if self.case_markup else texts
 
     def unchanged(self, text: str) -> str | None:
         """None if `text` comes back as it is (up to runs of whitespace) from this tokenizer's pre-tokenization and
         its undoing (always without Moses), else what comes back: what a prefix or a constraint would become."""
+        if self.case_markup and any(m in text for m in casing.MARKS):
+            return self.unchanged(text.translate(casing.STRAY)) or text.translate(casing.STRAY)
         if self.moses is None or self.moses.round_trips(text):
             return None
         return self.moses.detokenize(self.moses.tokenize(text))
@@ -79,6 +86,8 @@ class Vocab:
 
     def decode_batch(self, batch: list[list[int]]) -> list[str]:
         texts = self.tokenizer.decode_batch(batch, skip_special_tokens=True)
+        if self.case_markup:
+            texts = [casing.restore(t) for t in texts]
         if self.moses is None:
             return texts
         if self._joiner_in_tokens != self.moses.joiner:
@@ -96,6 +105,7 @@ class Vocab:
         `pretokenization` is False: the tokenizer.json file's identity)."""
         moses = self.moses if pretokenization else None
         text = self.tokenizer.to_str() + (f"|moses:{moses.lang}" if moses is not None else "")
+        text += "|case_markup" if pretokenization and self.case_markup else ""
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @classmethod
@@ -128,11 +138,14 @@ class Vocabs:
 
     @property
     def pretokenize(self) -> dict | None:
-        """{"kind": "moses", "src_lang": .., "tgt_lang": ..}, or None: how text is prepared before the BPE."""
+        """How text is prepared before the BPE: {"kind": "moses", "src_lang": .., "tgt_lang": .., "joiner": ..},
+        with "case_markup": true when words are case-marked ({"kind": "none", "case_markup": true} without Moses);
+        None when text goes to the BPE as it is."""
+        case = {"case_markup": True} if self.src.case_markup else {}
         if self.src.moses is None:
-            return None
+            return {"kind": "none", **case} if case else None
         joiner = {"joiner": self.src.moses.joiner} if self.src.moses.joiner is not None else {}  # (none: legacy)
-        return {"kind": "moses", "src_lang": self.src.moses.lang, "tgt_lang": self.tgt.moses.lang, **joiner}
+        return {"kind": "moses", "src_lang": self.src.moses.lang, "tgt_lang": self.tgt.moses.lang, **joiner, **case}
 
     def files(self, dir: Path) -> dict[str, Path]:
         if self.joint:
@@ -165,11 +178,13 @@ class Vocabs:
     def of(cls, src: Tokenizer, tgt: Tokenizer, pretokenize: dict | None = None) -> Vocabs:
         """Vocabs over the tokenizers `src` and `tgt` (the same object: joint), pre-tokenizing as `pretokenize`
         (`Vocabs.pretokenize`'s form) says."""
-        if pretokenize is None:
-            vocab = Vocab(src)
-            return cls(vocab, vocab if tgt is src else Vocab(tgt))
-        if pretokenize.get("kind") != "moses":
-            raise TokenizerError(f"pretokenize={pretokenize!r}: unknown; this version knows moses")
+        pretokenize = pretokenize or {"kind": "none"}
+        case = pretokenize.get("case_markup", False)
+        if case not in (True, False) or pretokenize.get("kind") not in ("none", "moses"):
+            raise TokenizerError(f"pretokenize={pretokenize!r}: unknown; this version knows moses and case_markup")
+        if pretokenize["kind"] == "none":
+            vocab = Vocab(src, case_markup=case)
+            return cls(vocab, vocab if tgt is src else Vocab(tgt, case_markup=case))
         joiner = pretokenize.get("joiner")  # (a model of before the joiners: Moses' detokenizer)
         if joiner is None:
             log.warning(
@@ -177,11 +192,16 @@ class Vocabs:
                 "which does not give all text back as the model copies it (retrain for exact text)"
             )
         src_moses, tgt_moses = moses(pretokenize["src_lang"], joiner), moses(pretokenize["tgt_lang"], joiner)
-        return cls(Vocab(src, src_moses), Vocab(tgt, tgt_moses))
+        return cls(Vocab(src, src_moses, case), Vocab(tgt, tgt_moses, case))
 
-    def pretokenizing(self, kind: str, src_lang: str, tgt_lang: str) -> Vocabs:
-        """These tokenizers with `tokenizer.pretokenize=kind` in the run's languages ("none": as they are)."""
-        spec = {"kind": kind, "src_lang": src_lang, "tgt_lang": tgt_lang, "joiner": JOINER} if kind != "none" else None
+    def pretokenizing(self, kind: str, src_lang: str, tgt_lang: str, case_markup: bool = False) -> Vocabs:
+        """These tokenizers with `tokenizer.pretokenize=kind` in the run's languages ("none": as they are) and
+        `tokenizer.case_markup`."""
+        spec: dict = {"kind": kind}
+        if kind != "none":
+            spec |= {"src_lang": src_lang, "tgt_lang": tgt_lang, "joiner": JOINER}
+        if case_markup:
+            spec["case_markup"] = True
         return Vocabs.of(self.src.tokenizer, self.tgt.tokenizer, spec)
 
 

@@ -61,9 +61,12 @@ def refusal(model: Transformer, vocabs: Vocabs, config: dict) -> str | None:
     if m.positions != "sinusoidal":
         return (f"model.positions={m.positions}: transformers' Marian and Pegasus add sinusoidal positions only; "
                 "a learned table has no exact counterpart there (export release or ctranslate2 instead)")  # fmt: skip
-    if vocabs.pretokenize is not None:
+    if vocabs.src.moses is not None:
         return ("tokenizer.pretokenize=moses: transformers' tokenizers cannot run Moses before the BPE, so its "
                 "inputs would not be this model's (train without it to export to transformers)")  # fmt: skip
+    if vocabs.src.case_markup:
+        return ("tokenizer.case_markup=true: transformers' tokenizers cannot mark case before the BPE nor restore "
+                "it after (train without it to export to transformers)")  # fmt: skip
     if (config.get("data") or {}).get("directions"):
         return ("a multilingual model (data.directions): its target-language tokens are chosen by this project's "
                 "translate.py (tgt_lang=); export release or ctranslate2 instead")  # fmt: skip

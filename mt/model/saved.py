@@ -101,9 +101,11 @@ def tokenizer_files(dir: Path, config: dict | None) -> dict:
     (tokenizer.pretokenize in `config`, the run's config) but whose PRETOKENIZE_FILE is missing is refused: without
     it the text would get other ids than the model learnt."""
     files = read_tokenizer_files(dir)
-    wanted = ((config or {}).get("tokenizer") or {}).get("pretokenize", "none")
-    if wanted != "none" and "pretokenize" not in files:
-        raise CheckpointError(f"{dir}: the model was trained with tokenizer.pretokenize={wanted} but "
+    tokenizer = (config or {}).get("tokenizer") or {}
+    wanted = ([f"tokenizer.pretokenize={tokenizer['pretokenize']}"] if tokenizer.get("pretokenize", "none") != "none"
+              else []) + (["tokenizer.case_markup=true"] if tokenizer.get("case_markup") else [])  # fmt: skip
+    if wanted and "pretokenize" not in files:
+        raise CheckpointError(f"{dir}: the model was trained with {' and '.join(wanted)} but "
                               f"{PRETOKENIZE_FILE} is missing; copy it from the run dir or export again")  # fmt: skip
     return files
 

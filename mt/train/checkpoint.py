@@ -102,7 +102,8 @@ RESUMABLE = ("optimizer", "scheduler", "scaler", "sampler")  # objects with stat
 RESUME_KEYS = {
     "data": ("name", "format", "src_lang", "tgt_lang", "columns", "train_split", "max_len", "max_ratio", "corpora",
              "directions", "valid_from_train", "batching"),
-    "tokenizer": ("vocab_size", "joint", "min_frequency", "normalization", "sample_pairs", "pretokenize"),
+    "tokenizer": ("vocab_size", "joint", "min_frequency", "normalization", "sample_pairs", "pretokenize",
+                  "case_markup"),
     "train": ("seed", "max_tokens", "accumulate", "optimizer", "lr", "schedule", "noam_scale", "warmup",
               "warmup_init_lr", "betas", "adam_eps", "weight_decay", "clip_norm", "label_smoothing", "bpe_dropout",
               "init_from", "freeze"),

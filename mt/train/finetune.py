@@ -99,8 +99,10 @@ def adopt(cfg: Config, parent: Parent, overrides: list[str]) -> Config:
         if f"model.{key}" not in given:
             setattr(model, key, getattr(theirs, key))
     model.name = theirs.name
-    pretokenize = (parent.vocabs.pretokenize or {}).get("kind", "none")  # the parent's text preparation, too
-    tokenizer = dataclasses.replace(cfg.tokenizer, joint=parent.vocabs.joint, path=None, pretokenize=pretokenize)
+    prepared = parent.vocabs.pretokenize or {}  # the parent's text preparation, too
+    tokenizer = dataclasses.replace(cfg.tokenizer, joint=parent.vocabs.joint, path=None,
+                                    pretokenize=prepared.get("kind", "none"),
+                                    case_markup=prepared.get("case_markup", False))  # fmt: skip
     if cfg.tokenizer.path:
         from mt.data.tokenizer import Vocab
 
