@@ -137,6 +137,17 @@ def test_a_case_markup_run_translates_cased_text_at_every_door(cased_run, tmp_pa
         assert client.post("/translate", json={"src": lines}).json()["translations"] == t.translate(lines)
 
 
+def test_a_prefix_holding_a_mark_character_is_refused_not_changed_in_silence(cased_run):
+    from mt.config import ConfigError
+    from mt.decode.translator import Translator
+
+    t = Translator.load(cased_run, beam_size=2)
+    with pytest.raises(ConfigError, match="would come back as 'Ein Mann': case markup removes the characters"):
+        t.translate(["A man."], prefix=[f"Ein{TITLE} Mann"])
+    with pytest.raises(ConfigError, match=r"constraint 'Mann\\ue0c2' would come back as 'Mann': case markup removes"):
+        t.translate(["A man."], constraints=[[f"Mann{UPPER}"]])
+
+
 def test_fine_tuning_keeps_the_parents_case_markup(cased_run, tmp_path):
     from mt.train import finetune
     from tests.test_training import make_config

@@ -63,12 +63,20 @@ class Vocab:
 
     def unchanged(self, text: str) -> str | None:
         """None if `text` comes back as it is (up to runs of whitespace) from this tokenizer's pre-tokenization and
-        its undoing (always without Moses), else what comes back: what a prefix or a constraint would become."""
+        its undoing (always without Moses, unless case markup drops a character of its marks), else what comes
+        back: what a prefix or a constraint would become."""
         if self.case_markup and any(m in text for m in casing.MARKS):
             return self.unchanged(text.translate(casing.STRAY)) or text.translate(casing.STRAY)
         if self.moses is None or self.moses.round_trips(text):
             return None
         return self.moses.detokenize(self.moses.tokenize(text))
+
+    def why_changed(self, text: str) -> str:
+        """What to tell a user whose `text` this tokenizer would not give back (`unchanged`)."""
+        if self.case_markup and any(m in text for m in casing.MARKS):
+            return "case markup removes the characters U+E0C1 and U+E0C2 (its marks); remove them"
+        return ("this model's Moses pre-tokenization changes it; rephrase it, or retrain the model (new Moses models "
+                "give text back exactly)")  # fmt: skip
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(self.pretokenized([text])[0], add_special_tokens=False).ids

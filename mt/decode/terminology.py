@@ -224,9 +224,8 @@ def line_constraints(
         encoded = [next(ids) for _ in ps]
         for p, e in zip(ps, encoded):
             if (back := vocab.unchanged(p)) is not None:
-                raise ConfigError(f"{where}:{first_line + i + 1}: the constraint {p!r} would come back as {back!r} "
-                                  "from this model's Moses pre-tokenization; rephrase it, or retrain the model (new "
-                                  "Moses models give text back exactly)")  # fmt: skip
+                raise ConfigError(f"{where}:{first_line + i + 1}: the constraint {p!r} would come back as {back!r}: "
+                                  f"{vocab.why_changed(p)}")  # fmt: skip
             if UNK in e:
                 bad = "".join(dict.fromkeys(c for c in p if UNK in vocab.encode(c)))
                 raise ConfigError(f"{where}:{first_line + i + 1}: the constraint {p!r} has characters the model's "

@@ -199,8 +199,7 @@ class Translator:
         for i, p in enumerate(prefixes):
             if p.strip() and (back := self.vocabs.tgt.unchanged(p)) is not None:
                 raise ConfigError(f"{where}:{first_line + i + 1}: the prefix {p.strip()!r} would come back as "
-                                  f"{back!r} from this model's Moses pre-tokenization; rephrase it, or retrain the "
-                                  "model (new Moses models give text back exactly)")  # fmt: skip
+                                  f"{back!r}: {self.vocabs.tgt.why_changed(p)}")  # fmt: skip
         ids = self.vocabs.tgt.encode_batch([p.strip() for p in prefixes])
         for i, (p, s) in enumerate(zip(ids, src_ids)):
             limit = min(int((len(s) + 1) * decode.max_len_a + decode.max_len_b), output_cap(self.model, decode))
