@@ -76,6 +76,12 @@ DROPOUT_BY_EPOCHS = [(10, 0.1), (30, 0.2), (math.inf, 0.3)]
 # 3,600 pairs (~54 epochs) with them 25.30 against 24.09 without. The bound sits between the two.
 SMALL_CORPUS = 10_000
 FLORES_EPOCHS = 30
+# Case markup (mt/data/casing.py: lowercase words with case marks, the vocabulary of a lowercased model with cased
+# output) for a corpus under CASE_MARKUP_PAIRS pairs, where words are seen too few times to learn two spellings of
+# each. Measured with the rule's other choices (docs/auto.md, AMD EPYC Zen 4, seed 2): IWSLT TED (9,527 pairs) in
+# 30 minutes +1.06 val BLEU lc (p 0.001), Multi30k En->De cut to 14,500 pairs in 10 minutes +0.46 (p 0.14; chrF
+# +0.90, p 0.004), though German's capitalized nouns make its target 29% longer. Larger corpora are unmeasured.
+CASE_MARKUP_PAIRS = 20_000
 VALIDATIONS = 10  # validations a run (at least every 100 updates), BLEU on 200 sentences
 MIN_EPOCHS = 1.0  # a budget under one epoch is warned about
 
@@ -160,9 +166,17 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
     if long_run and vocab in LONG_VOCABULARY:
         why = f"{corpus.pairs:,} pairs, a long budget: a joint BPE of {LONG_VOCABULARY[vocab]:,} (fairseq's size)"
         vocab = LONG_VOCABULARY[vocab]
+    case_markup = corpus.pairs < CASE_MARKUP_PAIRS
     out = [
         Choice("tokenizer.vocab_size", vocab, why),
         Choice("tokenizer.joint", True, "one vocabulary, all embeddings tied (fewer parameters to learn)"),
+        Choice(
+            "tokenizer.case_markup",
+            case_markup,
+            f"{corpus.pairs:,} pairs < {CASE_MARKUP_PAIRS:,}: lowercase words with case marks, cased output"
+            if case_markup
+            else f"{corpus.pairs:,} pairs: case markup only under {CASE_MARKUP_PAIRS:,}",
+        ),
     ]
     epoch = corpus.epoch(vocab, tokens)
     updates = updates_in(budget, speed[shape], epoch, accumulate)
