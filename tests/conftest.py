@@ -33,6 +33,29 @@ def read_gz(path: Path, n: int | None = None) -> list[str]:
     return lines[:n] if n else lines
 
 
+def tiny_multi30k_run(tmp_path_factory, **tokenizer) -> Path:
+    """The run dir of a tiny En->De run (40 updates) on the first 3,000 Multi30k pairs, BPE 500 with the
+    `tokenizer` settings (pretokenize="moses", case_markup=True, ...)."""
+    from dataclasses import replace
+
+    from mt.data.corpus import prepare_data
+    from mt.train.trainer import Trainer
+    from tests.test_training import make_config
+
+    if not (MULTI30K / "train.en.gz").is_file():
+        pytest.skip(f"Multi30k not found at {MULTI30K}")
+    corpus = tmp_path_factory.mktemp("m30k")
+    for split, n in (("train", 3000), ("val", 40), ("test", 20)):
+        for lang in ("en", "de"):
+            (corpus / f"{split}.{lang}").write_text("\n".join(read_gz(MULTI30K / f"train.{lang}.gz", n)) + "\n")
+    run = tmp_path_factory.mktemp("run")
+    cfg = make_config(corpus, run, max_updates=40, max_epochs=1, max_tokens=2000, lr=5e-3)
+    cfg = replace(cfg, data=replace(cfg.data, src_lang="en", tgt_lang="de", valid_split="val"),
+                  tokenizer=replace(cfg.tokenizer, vocab_size=500, **tokenizer))  # fmt: skip
+    Trainer(cfg, prepare_data(cfg, run, cfg.model.max_positions), run).fit(job_start=0)
+    return run
+
+
 @pytest.fixture(scope="session")
 def multi30k_subset(tmp_path_factory) -> Path:
     """The first lines of real Multi30k en/de, as plain files in the Multi30k layout."""

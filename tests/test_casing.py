@@ -5,12 +5,11 @@ the tokenizer so that every door (Translator, server, CTranslate2, fine-tuning) 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 
 from mt.data.casing import TITLE, UPPER, mark, restore
-from tests.conftest import MULTI30K, read_gz
+from tests.conftest import MULTI30K, read_gz, tiny_multi30k_run
 
 TEST_SETS = sorted(MULTI30K.parent.glob("*/test*.gz"))
 
@@ -86,22 +85,7 @@ def test_a_vocabulary_with_case_markup_learns_lowercase_words_and_composes_with_
 @pytest.fixture(scope="module")
 def cased_run(tmp_path_factory):
     """A tiny En->De run on the first 3,000 Multi30k pairs with tokenizer.case_markup=true."""
-    from mt.data.corpus import prepare_data
-    from mt.train.trainer import Trainer
-    from tests.test_training import make_config
-
-    if not (MULTI30K / "train.en.gz").is_file():
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
-    corpus = tmp_path_factory.mktemp("m30k")
-    for split, n in (("train", 3000), ("val", 40), ("test", 20)):
-        for lang in ("en", "de"):
-            (corpus / f"{split}.{lang}").write_text("\n".join(read_gz(MULTI30K / f"train.{lang}.gz", n)) + "\n")
-    run = tmp_path_factory.mktemp("run")
-    cfg = make_config(corpus, run, max_updates=40, max_epochs=1, max_tokens=2000, lr=5e-3)
-    cfg = replace(cfg, data=replace(cfg.data, src_lang="en", tgt_lang="de", valid_split="val"),
-                  tokenizer=replace(cfg.tokenizer, vocab_size=500, case_markup=True))  # fmt: skip
-    Trainer(cfg, prepare_data(cfg, run, cfg.model.max_positions), run).fit(job_start=0)
-    return run
+    return tiny_multi30k_run(tmp_path_factory, case_markup=True)
 
 
 def test_a_case_markup_run_translates_cased_text_at_every_door(cased_run, tmp_path):

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from mt.data.pretokenize import moses
-from tests.conftest import MULTI30K, read_gz
+from tests.conftest import MULTI30K, read_gz, tiny_multi30k_run
 
 SHARED = MULTI30K.parent
 TEST_SETS = sorted(SHARED.glob("*/test*.gz"))
@@ -67,22 +67,7 @@ def test_moses_round_trip_on_every_test_set(path):
 @pytest.fixture(scope="module")
 def moses_run(tmp_path_factory):
     """A tiny En->De run on the first 3,000 Multi30k pairs with tokenizer.pretokenize=moses."""
-    from mt.data.corpus import prepare_data
-    from mt.train.trainer import Trainer
-    from tests.test_training import make_config
-
-    if not (MULTI30K / "train.en.gz").is_file():
-        pytest.skip(f"Multi30k not found at {MULTI30K}")
-    corpus = tmp_path_factory.mktemp("m30k")
-    for split, n in (("train", 3000), ("val", 40), ("test", 20)):
-        for lang in ("en", "de"):
-            (corpus / f"{split}.{lang}").write_text("\n".join(read_gz(MULTI30K / f"train.{lang}.gz", n)) + "\n")
-    run = tmp_path_factory.mktemp("run")
-    cfg = make_config(corpus, run, max_updates=40, max_epochs=1, max_tokens=2000, lr=5e-3)
-    cfg = replace(cfg, data=replace(cfg.data, src_lang="en", tgt_lang="de", valid_split="val"),
-                  tokenizer=replace(cfg.tokenizer, vocab_size=500, pretokenize="moses"))  # fmt: skip
-    Trainer(cfg, prepare_data(cfg, run, cfg.model.max_positions), run).fit(job_start=0)
-    return run
+    return tiny_multi30k_run(tmp_path_factory, pretokenize="moses")
 
 
 def test_a_moses_run_learns_from_tokenized_text_and_translates_raw_text(moses_run):
