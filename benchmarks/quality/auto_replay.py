@@ -78,6 +78,17 @@ TRIALS: dict[str, tuple[str, dict, list[str]]] = {
         {},
         ["tokenizer.normalization=NFC", "tokenizer.pretokenize=none", "tokenizer.vocab_size=4000"],
     ),  # fmt: skip
+    # The rule with case markup (the fourth change) at IWSLT 30, where fairseq's recipe still leads: its levers
+    "v8k_case": ("auto", {}, ["tokenizer.vocab_size=8000"]),
+    "v10k_case": ("auto", {}, ["tokenizer.vocab_size=10000"]),
+    "avg10_case": ("auto", {}, ["train.keep_last=10", "train.average_last=10"]),
+    "long_case": ("auto", LONG, []),  # fairseq's schedule and 8,192-token updates, case markup kept
+    "dropout02_case": ("auto", {}, ["model.dropout=0.2"]),
+    "fairseq_case": (
+        "fairseq",
+        {},
+        ["tokenizer.normalization=NFC", "tokenizer.pretokenize=none", "tokenizer.case_markup=true"],
+    ),  # fmt: skip
 }
 
 
