@@ -84,6 +84,7 @@ TRIALS: dict[str, tuple[str, dict, list[str]]] = {
     "avg10_case": ("auto", {}, ["train.keep_last=10", "train.average_last=10"]),
     "long_case": ("auto", LONG, []),  # fairseq's schedule and 8,192-token updates, case markup kept
     "dropout02_case": ("auto", {}, ["model.dropout=0.2"]),
+    "v10k_dropout02_case": ("auto", {}, ["tokenizer.vocab_size=10000", "model.dropout=0.2"]),
     "fairseq_case": (
         "fairseq",
         {},

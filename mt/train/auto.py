@@ -68,6 +68,16 @@ BATCH_TOKENS = (SHORT_TOKENS, LONG_TOKENS)  # the batch sizes the rule picks fro
 # Measured on the compact shape only: the wider ones keep a quarter of the updates (at most 4,000, the paper's).
 LONG_WARMUP = 600
 LONG_VOCABULARY = {8_000: 10_000}
+# A corpus of the 4k tier from GROWN_VOCABULARY_PAIRS pairs whose budget holds GROWN_VOCABULARY_UPDATES updates of
+# 8,192 tokens or more (~10M tokens) takes a 10k BPE too, although its output layer costs ~30% of the updates.
+# Measured with case markup at a CPU budget's update count (GPU replay, two seeds each, val BLEU lc, docs/auto.md):
+# IWSLT TED in 30 minutes (~1,770 such updates) +0.78 over 4k (p 0.001; 8k +0.17), on test level with fairseq's
+# recipe; Multi30k cut to 7,250 and 14,500 pairs in 10 minutes (~600) level on val (+0.07, -0.19) and 0.8 behind
+# on test. The bound sits between the two. The pairs' floor is not measured: the smallest corpora want the smallest
+# vocabularies (Zhang & Duh 2020), and EMEA and KDE4 (4,500 pairs) lead fairseq's recipe with 4k.
+GROWN_VOCABULARY = {4_000: 10_000}
+GROWN_VOCABULARY_UPDATES = 1_200
+GROWN_VOCABULARY_PAIRS = 5_000
 # Dropout by epochs the budget holds: 0.1 at ~6 epochs (quickstart), 0.3 at ~60 (fairseq's).
 DROPOUT_BY_EPOCHS = [(10, 0.1), (30, 0.2), (math.inf, 0.3)]
 # FLoRes' low-resource extras (attention and activation dropout 0.1, label smoothing 0.2) for a corpus under
@@ -166,6 +176,14 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
     if long_run and vocab in LONG_VOCABULARY:
         why = f"{corpus.pairs:,} pairs, a long budget: a joint BPE of {LONG_VOCABULARY[vocab]:,} (fairseq's size)"
         vocab = LONG_VOCABULARY[vocab]
+    elif (
+        vocab in GROWN_VOCABULARY
+        and corpus.pairs >= GROWN_VOCABULARY_PAIRS
+        and long_updates >= GROWN_VOCABULARY_UPDATES
+    ):
+        why = (f"{corpus.pairs:,} pairs, {long_updates:,} updates of {LONG_TOKENS * LONG_ACCUMULATE:,} tokens >= "
+               f"{GROWN_VOCABULARY_UPDATES:,}: a joint BPE of {GROWN_VOCABULARY[vocab]:,}")  # fmt: skip
+        vocab = GROWN_VOCABULARY[vocab]
     case_markup = corpus.pairs < CASE_MARKUP_PAIRS
     out = [
         Choice("tokenizer.vocab_size", vocab, why),
