@@ -70,7 +70,7 @@ def test_every_trial_composes_with_one_value_a_key(cpu_runs, name):
     for override in extra:
         key, value = override.split("=", 1)
         section, field = key.split(".")
-        assert str(getattr(getattr(cfg, section), field)) == value
+        assert replay._value(getattr(getattr(cfg, section), field)) == value
 
 
 def test_the_first_rule_is_what_the_first_cpu_runs_chose(cpu_runs):

@@ -51,12 +51,16 @@ LONG = {"LONG_RUN_UPDATES": 0}  # fairseq's schedule and 8,192-token updates at 
 SHORT = {"LONG_RUN_UPDATES": math.inf}  # the quickstart's schedule and 2,500-token updates at any budget
 LONG3K = {"LONG_RUN_UPDATES": 3_000}  # fairseq's schedule from 3,000 updates of 8,192 tokens
 VOCAB2 = {"VOCABULARY": [(5_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)]}
+# The rule before its fifth change (docs/auto.md): a 4k BPE under 15,000 pairs at any budget.
+FOURTH = {"GROWN_VOCABULARY": {}}
 # The first rule, before these trials changed it: the compact shape's FFN 512, fairseq's schedule from 2,000
 # updates of 8,192 tokens, a 2k BPE under 5,000 pairs.
 FIRST = {
     "SHAPES": {**auto.SHAPES, "compact": {**auto.SHAPES["compact"], "d_ff": 512}},
     "LONG_RUN_UPDATES": 2_000,
     "VOCABULARY": [(5_000, 2_000), (15_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)],
+    "CASE_MARKUP_PAIRS": 0,  # nor case markup, nor the fifth change
+    **FOURTH,
 }
 
 # name -> (the recipe it changes, patches of mt/train/auto.py's tables, overrides on the choices)
@@ -78,13 +82,14 @@ TRIALS: dict[str, tuple[str, dict, list[str]]] = {
         {},
         ["tokenizer.normalization=NFC", "tokenizer.pretokenize=none", "tokenizer.vocab_size=4000"],
     ),  # fmt: skip
-    # The rule with case markup (the fourth change) at IWSLT 30, where fairseq's recipe still leads: its levers
-    "v8k_case": ("auto", {}, ["tokenizer.vocab_size=8000"]),
-    "v10k_case": ("auto", {}, ["tokenizer.vocab_size=10000"]),
-    "avg10_case": ("auto", {}, ["train.keep_last=10", "train.average_last=10"]),
-    "long_case": ("auto", LONG, []),  # fairseq's schedule and 8,192-token updates, case markup kept
-    "dropout02_case": ("auto", {}, ["model.dropout=0.2"]),
-    "v10k_dropout02_case": ("auto", {}, ["tokenizer.vocab_size=10000", "model.dropout=0.2"]),
+    # The rule with case markup (the fourth change) at IWSLT 30, where fairseq's recipe still led: its levers
+    "case4k": ("auto", FOURTH, []),
+    "v8k_case": ("auto", FOURTH, ["tokenizer.vocab_size=8000"]),
+    "v10k_case": ("auto", FOURTH, ["tokenizer.vocab_size=10000"]),  # the fifth change
+    "avg10_case": ("auto", FOURTH, ["train.keep_last=10", "train.average_last=10"]),
+    "long_case": ("auto", {**FOURTH, **LONG}, []),  # fairseq's schedule and 8,192-token updates, case markup kept
+    "dropout02_case": ("auto", FOURTH, ["model.dropout=0.2"]),
+    "v10k_dropout02_case": ("auto", FOURTH, ["tokenizer.vocab_size=10000", "model.dropout=0.2"]),
     "fairseq_case": (
         "fairseq",
         {},
