@@ -20,17 +20,20 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from queue import Queue
 
 import pytest
 import torch
 
 from tests.conftest import ROOT, write_toy_corpus
+from tests.warm_start import WarmStart
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 
 
 def run(args: list[str], stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
     data = stdin.encode() if isinstance(stdin, str) else stdin
-    return subprocess.run([sys.executable, *args], cwd=ROOT, input=data, capture_output=True, timeout=300, env=env)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, input=data, capture_output=True, timeout=300, env=ENV)
 
 
 def train_args(corpus: Path, run_dir: Path) -> list[str]:
@@ -621,9 +624,10 @@ def command(entry: str, extra: list[str], corpus: Path, run_dir: Path) -> list[s
 def outcomes(request, finished, tmp_path_factory) -> dict:
     """Each selected row's (run dir, its files before, stdin, the finished process), or the exception its setup raised.
 
-    A row's process is mostly a Python start-up that imports torch (~3 s of one core): the rows run two at a time,
-    each in its own copy of the corpus and the finished run, which halves the catalogue's time on two cores. The
-    setups run here, in the catalogue's order, so that a row's files are in place before its process starts.
+    A row's process would mostly be a Python start-up that imports torch (~3 s of one core): the rows' processes are
+    forked from two warm interpreters (tests/warm_start.py; the `finished` run starts cold) and run two at a time,
+    each in its own copy of the corpus and the finished run. The setups run here, in the catalogue's order, so that
+    a row's files are in place before its process starts.
     """
     selected = {
         item.callspec.params["name"]
@@ -632,6 +636,17 @@ def outcomes(request, finished, tmp_path_factory) -> dict:
     }
     corpus0, run0 = finished
     results: dict = {}
+    starters: Queue[WarmStart] = Queue()
+    for _ in range(2):
+        starters.put(WarmStart(ENV, ROOT))
+
+    def warm_run(args: list[str], stdin: str | None) -> subprocess.CompletedProcess:
+        starter = starters.get()
+        try:
+            return starter.run(args, stdin.encode() if isinstance(stdin, str) else stdin)
+        finally:
+            starters.put(starter)
+
     with ThreadPoolExecutor(max_workers=2) as pool:
         for name, entry, setup, _ in ROWS:
             if name not in selected:
@@ -649,16 +664,32 @@ def outcomes(request, finished, tmp_path_factory) -> dict:
             extra = [a.replace(CK, f"checkpoint={run_dir}") for a in extra]
             if entry == "translate" and stdin is None:
                 stdin = "a dog\n"
-            results[name] = (run_dir, before, stdin, pool.submit(run, command(entry, extra, corpus, run_dir), stdin))
-    return results
+            results[name] = (
+                run_dir,
+                before,
+                stdin,
+                pool.submit(warm_run, command(entry, extra, corpus, run_dir), stdin),
+            )
+    while not starters.empty():
+        starters.get().close()
+    return {name: finish(r) for name, r in results.items()}
+
+
+def finish(row: tuple | Exception) -> tuple | Exception:
+    """A row's outcome with its process finished, or the exception that stopped it."""
+    if isinstance(row, Exception):
+        return row
+    try:
+        return (*row[:3], row[3].result())
+    except Exception as e:
+        return e
 
 
 @pytest.mark.parametrize("name, expected", [(r[0], r[3]) for r in ROWS], ids=[r[0] for r in ROWS])
 def test_bad_input_is_one_line_exit_2_and_destroys_nothing(outcomes, name, expected):
     if isinstance(outcomes[name], Exception):
         raise outcomes[name]
-    run_dir, before, stdin, process = outcomes[name]
-    p = process.result()
+    run_dir, before, stdin, p = outcomes[name]
     err = p.stderr.decode("utf-8", errors="replace")
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     assert p.returncode == 2, err[-2000:]

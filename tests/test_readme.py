@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -47,6 +48,8 @@ RUN = [
     "python -m mt.export ctranslate2 RUN_DIR ct2/ --quantization int8",
     "python -m mt.export transformers RUN_DIR hf/",
 ]
+# The quick start's model and the commands that use it; the other commands are independent of them.
+QUICKSTART_CHAIN = [QUICKSTART, INSTALL_CHECK, FINETUNE]
 # Not run here, and why (the same code paths run elsewhere in the suite where they can).
 NOT_RUN = {
     'pip install torch==2.13.0 && pip install -e ".[dev]"': "what .ci/run does before the suite",
@@ -120,15 +123,29 @@ def test_the_readme_commands_that_take_seconds_run_as_written(beam_run, tmp_path
                        "document.en": ["the cat sees a dog. a big red house.", "", "  the small tree runs."],
                        "terms.tsv": ["dog\tdog"], "A.hyp": lines, "B.hyp": lines[::-1]}.items():  # fmt: skip
         (tmp_path / name).write_text("\n".join(text) + "\n")
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "HYDRA_FULL_ERROR": "0"}
-    for command in RUN:
-        filled = fill(command, beam_run, tmp_path)
-        p = subprocess.run(
-            filled, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL
-        )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+
+    def run_in_order(commands: list[str]) -> list[tuple[str, str, subprocess.CompletedProcess]]:
+        done = []
+        for command in commands:
+            filled = fill(command, beam_run, tmp_path)
+            p = subprocess.run(filled, shell=True, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env,
+                               stdin=subprocess.DEVNULL)  # fmt: skip
+            done.append((command, filled, p))
+            if p.returncode != 0:
+                break
+        return done
+
+    # Two chains side by side, one core each, each in the README's order: the quick start and what uses its model
+    # (the install check, fine-tuning), and the rest (the smoke run, then the commands on the tiny run).
+    chains = [QUICKSTART_CHAIN, [c for c in RUN if c not in QUICKSTART_CHAIN]]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = [row for done in pool.map(run_in_order, chains) for row in done]
+    for command, filled, p in results:
         assert p.returncode == 0, f"{command}\n{filled}\n{p.stderr[-2000:]}"
         if command == INSTALL_CHECK:
             assert p.stdout.count("\n") == 1 and p.stdout.strip(), p.stdout  # one German line for the one line
+    assert [command for command, _, _ in results] == [c for chain in chains for c in chain]
     assert len((tmp_path / "test.hyp").read_text().splitlines()) == 3
     assert len((tmp_path / "document.de").read_text().splitlines()) == 3  # the layout kept
     assert (tmp_path / "release" / "model.safetensors").is_file() and (tmp_path / "ct2" / "model.bin").is_file()
