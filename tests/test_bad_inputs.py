@@ -647,31 +647,33 @@ def outcomes(request, finished, tmp_path_factory) -> dict:
         finally:
             starters.put(starter)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for name, entry, setup, _ in ROWS:
-            if name not in selected:
-                continue
-            tmp = tmp_path_factory.mktemp(name)
-            corpus, run_dir = tmp / "corpus", tmp / "run"
-            shutil.copytree(corpus0, corpus)
-            shutil.copytree(run0, run_dir)
-            before = snapshot(run_dir)
-            try:
-                extra, stdin = setup(corpus, run_dir, tmp)
-            except Exception as e:  # a setup that fails fails its own row, not the catalogue
-                results[name] = e
-                continue
-            extra = [a.replace(CK, f"checkpoint={run_dir}") for a in extra]
-            if entry == "translate" and stdin is None:
-                stdin = "a dog\n"
-            results[name] = (
-                run_dir,
-                before,
-                stdin,
-                pool.submit(warm_run, command(entry, extra, corpus, run_dir), stdin),
-            )
-    while not starters.empty():
-        starters.get().close()
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for name, entry, setup, _ in ROWS:
+                if name not in selected:
+                    continue
+                tmp = tmp_path_factory.mktemp(name)
+                corpus, run_dir = tmp / "corpus", tmp / "run"
+                shutil.copytree(corpus0, corpus)
+                shutil.copytree(run0, run_dir)
+                before = snapshot(run_dir)
+                try:
+                    extra, stdin = setup(corpus, run_dir, tmp)
+                except Exception as e:  # a setup that fails fails its own row, not the catalogue
+                    results[name] = e
+                    continue
+                extra = [a.replace(CK, f"checkpoint={run_dir}") for a in extra]
+                if entry == "translate" and stdin is None:
+                    stdin = "a dog\n"
+                results[name] = (
+                    run_dir,
+                    before,
+                    stdin,
+                    pool.submit(warm_run, command(entry, extra, corpus, run_dir), stdin),
+                )
+    finally:  # the servers end even when a setup outside a row's own fails
+        while not starters.empty():
+            starters.get().close()
     return {name: finish(r) for name, r in results.items()}
 
 
