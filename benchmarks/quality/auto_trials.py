@@ -16,7 +16,8 @@ the first rule (`first`, before the GPU trials of docs/auto.md changed it) and t
 Run each with the machine alone: the budget is wall-clock. `table` scores every point whose fairseq run and at least
 one other recipe's exist: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and
 its difference to fairseq's recipe with the paired bootstrap's p (mt.compare, 1,000 resamples; lowercased BLEU,
-since fairseq's recipe writes lowercase). Several seeds: the table gives each. `--plot` draws BLEU against
+since fairseq's recipe writes lowercase); the summary also gives `auto` against `recipe` over the seeds both ran.
+Several seeds: the table gives each. `--plot` draws BLEU against
 training pairs, a panel per budget; `--minutes-plot` BLEU against minutes on the whole of Multi30k En->De (the
 points m30k_29000_5 to m30k_29000_56), a line per recipe through the mean of its seeds.
 """
@@ -176,14 +177,27 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
             for n in names:
                 print(f"| {c.label} | {minutes} | {n} | {'+'.join(map(str, seeds))} pooled | | | "
                       f"{lc[n]['score']:.2f} | {lc[n]['delta']:+.2f}, {lc[n]['p_bs']:.3f} |")  # fmt: skip
+        # auto against this project's recipe, over the seeds both ran (pooled as above).
+        both = [s for s, done in seeds.items() if {"auto", "recipe"} <= {r.name.split(".")[1] for r in done}]
+        if both:
+            pooled = {n: [] for n in ("recipe", "auto")}
+            refs = []
+            for seed in both:
+                refs += read_hyps(split_references(seeds[seed][-1], c.split))
+                for n in pooled:
+                    pooled[n] += read_hyps(run_dir(runs, point, n, seed) / f"{c.split}.hyp")
+            result = compare([System(n, point, h) for n, h in pooled.items()], refs)
+            lc["auto vs recipe"] = result["systems"][1]["metrics"]["BLEU lc"] | {"seeds": len(both)}
         summary.append((c.label, minutes, len(seeds), lc))
-    print("\nLowercased test BLEU (seeds pooled), each recipe's difference to fairseq's recipe and p:\n")
-    print("| corpus | minutes | seeds | " + " | ".join(SCORED) + " | Δ auto, p |")
-    print("|---" * (len(SCORED) + 4) + "|")
+    print("\nLowercased test BLEU (seeds pooled); auto's difference to fairseq's recipe and to this project's, p:\n")
+    print("| corpus | minutes | seeds | " + " | ".join(SCORED) + " | Δ auto, p | Δ auto against recipe, p (seeds) |")
+    print("|---" * (len(SCORED) + 5) + "|")
     for label, minutes, n, lc in summary:
         cells = [f"{lc[r]['score']:.2f}" if r in lc else "" for r in SCORED]
         versus = f"{lc['auto']['delta']:+.2f}, {lc['auto']['p_bs']:.3f}" if "auto" in lc else ""
-        print(f"| {label} | {minutes} | {n} | " + " | ".join(cells) + f" | {versus} |")
+        mine = lc.get("auto vs recipe")
+        recipe = f"{mine['delta']:+.2f}, {mine['p_bs']:.3f} ({mine['seeds']})" if mine else ""
+        print(f"| {label} | {minutes} | {n} | " + " | ".join(cells) + f" | {versus} | {recipe} |")
     if plot is not None and points:
         draw(points, plot)
     curve = [(m, r, b) for p, m, r, b, label in points if label == CORPORA[MINUTES_CORPUS].label]
