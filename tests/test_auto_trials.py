@@ -8,6 +8,7 @@ import gzip
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,23 +78,27 @@ def test_the_minutes_plot_joins_the_mean_of_the_seeds_at_each_budget(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_the_table_scores_each_seed_and_pools_the_seeds(tmp_path, capsys):
+def write_runs(tmp_path: Path, plan: list[tuple[str, int, str]]) -> Path:
+    """Run dirs of the point emea_20 as the trials leave them: (recipe, seed, "right" or "worse") each."""
     data = tmp_path / "data"
     data.mkdir()
     refs = [f"the {w} sat on the mat near the door today ." for w in ("cat", "dog", "bird", "fox", "cow", "pig")] * 4
     (data / "test.en").write_text("".join(r + "\n" for r in refs))
     runs = tmp_path / "trials"
     worse = [r.replace("mat", "rug").replace("door", "gate") for r in refs]
-    for seed in (1, 2):
-        for recipe, hyps in (("fairseq", worse), ("auto", refs)):
-            run = trials.run_dir(runs, "emea_20", recipe, seed)
-            run.mkdir(parents=True)
-            (run / "test.hyp").write_text("".join(h + "\n" for h in hyps))
-            (run / "config.resolved.yaml").write_text(
-                f"data: {{name: local, dir: {data}, src_lang: de, tgt_lang: en}}\n"
-            )
-            rows = [{"kind": "train", "update": u, "tgt_tokens_per_s": 1000.0 * seed} for u in (100, 200)]
-            (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for recipe, seed, quality in plan:
+        run = trials.run_dir(runs, "emea_20", recipe, seed)
+        run.mkdir(parents=True)
+        hyps = refs if quality == "right" else worse
+        (run / "test.hyp").write_text("".join(h + "\n" for h in hyps))
+        (run / "config.resolved.yaml").write_text(f"data: {{name: local, dir: {data}, src_lang: de, tgt_lang: en}}\n")
+        rows = [{"kind": "train", "update": u, "tgt_tokens_per_s": 1000.0 * seed} for u in (100, 200)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return runs
+
+
+def test_the_table_scores_each_seed_and_pools_the_seeds(tmp_path, capsys):
+    runs = write_runs(tmp_path, [(r, s, q) for s in (1, 2) for r, q in (("fairseq", "worse"), ("auto", "right"))])
     trials.table(runs, plot=None)
     out = capsys.readouterr().out
     assert "| EMEA De->En | 20 | auto | 2 | 200 | 2,000 | 100.00 / 100.00 / 100.00 |" in out  # each seed's row
@@ -101,3 +106,11 @@ def test_the_table_scores_each_seed_and_pools_the_seeds(tmp_path, capsys):
     assert pooled.startswith("| EMEA De->En | 20 | auto | 1+2 pooled |") and "100.00 |" in pooled
     summary = out.split("seeds pooled")[1].splitlines()
     assert any(line.startswith("| EMEA De->En | 20 | 2 | 100.00 | ") for line in summary)
+
+
+def test_the_summary_sets_auto_against_this_projects_recipe_over_the_seeds_both_ran(tmp_path, capsys):
+    plan = [(r, s, q) for s in (1, 2) for r, q in (("fairseq", "worse"), ("auto", "worse"))] + [("recipe", 1, "right")]
+    trials.table(write_runs(tmp_path, plan), plot=None)
+    summary = next(line for line in capsys.readouterr().out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
+    delta, p_seeds = summary.rstrip(" |").split(" | ")[-1].split(", ")
+    assert float(delta) < -10 and p_seeds.endswith("(1)")  # behind the recipe, from seed 1 alone
