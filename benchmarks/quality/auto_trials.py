@@ -10,8 +10,8 @@ scored table (docs/auto.md).
 A point is a corpus and a budget in minutes of training on this machine (`train.max_time`); a recipe is `auto`
 (`+experiment=auto`), `fairseq` (`multi30k_en_de_fairseq`, fairseq's Multi30k recipe, level with fairseq in the CPU
 hour), `recipe` (`multi30k_en_de`, this project's) or `defaults` (no experiment); `table` also scores the runs of
-the first rule (`first`, before the GPU trials of docs/auto.md changed it) and the rule before case markup
-(`nocase`). Runs go to
+the first rule (`first`, before the GPU trials of docs/auto.md changed it), the rule before case markup
+(`nocase`) and before FLoRes' regime moved to 45 epochs (`fifth`). Runs go to
 `runs/trials/POINT.RECIPE.sSEED` (`--runs` moves them); the cuts to `multi30k_N` beside that folder (runs/data/).
 Run each with the machine alone: the budget is wall-clock. `table` scores every point whose fairseq run and at least
 one other recipe's exist: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and
@@ -46,7 +46,10 @@ RECIPES = {"auto": ["+experiment=auto"], "fairseq": ["+experiment=multi30k_en_de
 FIRST = "first"
 # Runs of the rule before case markup (tokenizer.case_markup under 20,000 pairs, docs/auto.md): POINT.nocase.sSEED.
 NOCASE = "nocase"
-SCORED = [*RECIPES, FIRST, NOCASE]
+# Runs of the rule before its sixth change (FLoRes' regime from 30 epochs under 10,000 pairs, docs/experiments/auto.md):
+# POINT.fifth.sSEED.
+FIFTH = "fifth"
+SCORED = [*RECIPES, FIRST, NOCASE, FIFTH]
 
 
 @dataclass(frozen=True)

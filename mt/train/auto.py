@@ -81,12 +81,16 @@ GROWN_VOCABULARY_UPDATES = 1_200
 GROWN_VOCABULARY_PAIRS = 5_000
 # Dropout by epochs the budget holds: 0.1 at ~6 epochs (quickstart), 0.3 at ~60 (fairseq's).
 DROPOUT_BY_EPOCHS = [(10, 0.1), (30, 0.2), (math.inf, 0.3)]
-# FLoRes' low-resource extras (attention and activation dropout 0.1, label smoothing 0.2) for a corpus under
-# SMALL_CORPUS pairs seen at least FLORES_EPOCHS times. Measured on val (docs/auto.md, 10 minutes, AMD EPYC):
-# IWSLT TED (9,527 pairs, ~16 epochs planned) without them 7.41 val BLEU against 4.59 with them; Multi30k cut to
-# 3,600 pairs (~54 epochs) with them 25.30 against 24.09 without. The bound sits between the two.
+# FLoRes' low-resource regime for a corpus under SMALL_CORPUS pairs seen at least FLORES_EPOCHS times: dropout 0.3
+# (the tier above) with attention and activation dropout 0.1 and label smoothing 0.2 (FLoRes: 0.4, 0.2, 0.2). Seen
+# fewer times, such a corpus keeps at most SMALL_CORPUS_DROPOUT, no extras and label smoothing 0.1. Measured on val
+# (docs/experiments/auto.md, AMD EPYC): IWSLT TED (9,527 pairs) in 10 minutes (~16 epochs) without the extras 7.41
+# val BLEU against 4.59 with them; EMEA (4,500 pairs) in 20 minutes (~40 epochs) with dropout 0.2 and without them
+# 14.43 against 12.19 (seed 1); Multi30k cut to 3,600 pairs in 10 minutes (~54 epochs) with them 25.30 against
+# 24.09 without. The bound sits between EMEA and the 3,600 cut.
 SMALL_CORPUS = 10_000
-FLORES_EPOCHS = 30
+FLORES_EPOCHS = 45
+SMALL_CORPUS_DROPOUT = 0.2
 # Case markup (mt/data/casing.py: lowercase words with case marks, the vocabulary of a lowercased model with cased
 # output) for a corpus under CASE_MARKUP_PAIRS pairs, where words are seen too few times to learn two spellings of
 # each. Measured with the rule's other choices (docs/auto.md, AMD EPYC Zen 4, seed 2): IWSLT TED (9,527 pairs) in
@@ -242,9 +246,14 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
             Choice("train.cooldown", 0.3, "the last 30% of the budget cools the lr to 0 (Li et al. 2020)"),
             Choice("train.clip_norm", 1.0, why),
         ]
-    dropout = tier(DROPOUT_BY_EPOCHS, epochs)
-    out.append(Choice("model.dropout", dropout, f"~{epochs:.1f} epochs"))
-    small_and_long = corpus.pairs < SMALL_CORPUS and epochs >= FLORES_EPOCHS
+    small = corpus.pairs < SMALL_CORPUS
+    small_and_long = small and epochs >= FLORES_EPOCHS
+    dropout, why = tier(DROPOUT_BY_EPOCHS, epochs), f"~{epochs:.1f} epochs"
+    if small and not small_and_long and dropout > SMALL_CORPUS_DROPOUT:
+        dropout = SMALL_CORPUS_DROPOUT
+        why += (f" of {corpus.pairs:,} pairs < {SMALL_CORPUS:,}: {SMALL_CORPUS_DROPOUT:g} until {FLORES_EPOCHS} "
+                "epochs, then FLoRes' 0.3 with its extras")  # fmt: skip
+    out.append(Choice("model.dropout", dropout, why))
     inner = 0.1 if small_and_long else 0.0
     why = (f"{corpus.pairs:,} pairs < {SMALL_CORPUS:,} seen ~{epochs:.1f} times (FLoRes)" if small_and_long
            else f"~{epochs:.1f} epochs of {corpus.pairs:,} pairs: FLoRes' extras only from {FLORES_EPOCHS} epochs "
