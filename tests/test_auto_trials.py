@@ -114,3 +114,14 @@ def test_the_summary_sets_auto_against_this_projects_recipe_over_the_seeds_both_
     summary = next(line for line in capsys.readouterr().out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
     delta, p_seeds = summary.rstrip(" |").split(" | ")[-1].split(", ")
     assert float(delta) < -10 and p_seeds.endswith("(1)")  # behind the recipe, from seed 1 alone
+
+
+def test_a_seed_without_fairseqs_run_counts_against_the_recipe_only(tmp_path, capsys):
+    # seed 1: fairseq's, auto and the recipe; seed 2: auto and the recipe only (auto right in both, the recipe not)
+    plan = [("fairseq", 1, "worse"), ("auto", 1, "right"), ("recipe", 1, "worse"), ("auto", 2, "right")]
+    trials.table(write_runs(tmp_path, [*plan, ("recipe", 2, "worse")]), plot=None)
+    out = capsys.readouterr().out
+    assert "| EMEA De->En | 20 | auto | 2 | 200 | 2,000 | 100.00 / 100.00 / 100.00 |  |" in out  # no fairseq column
+    summary = next(line for line in out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
+    assert summary.startswith("| EMEA De->En | 20 | 1 | 100.00 | ")  # against fairseq's recipe: seed 1 alone
+    assert summary.rstrip(" |").split(" | ")[-1].endswith("(2)")  # against the recipe: both seeds

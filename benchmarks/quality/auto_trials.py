@@ -13,10 +13,11 @@ hour), `recipe` (`multi30k_en_de`, this project's) or `defaults` (no experiment)
 the first rule (`first`, before the GPU trials of docs/auto.md changed it), the rule before case markup
 (`nocase`) and before FLoRes' regime moved to 45 epochs (`fifth`). Runs go to
 `runs/trials/POINT.RECIPE.sSEED` (`--runs` moves them); the cuts to `multi30k_N` beside that folder (runs/data/).
-Run each with the machine alone: the budget is wall-clock. `table` scores every point whose fairseq run and at least
-one other recipe's exist: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and
+Run each with the machine alone: the budget is wall-clock. `table` scores every seed of a point where two recipes
+ran: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and
 its difference to fairseq's recipe with the paired bootstrap's p (mt.compare, 1,000 resamples; lowercased BLEU,
-since fairseq's recipe writes lowercase); the summary also gives `auto` against `recipe` over the seeds both ran.
+since fairseq's recipe writes lowercase); the summary pools the seeds fairseq's recipe ran, and gives `auto` against
+`recipe` over the seeds both ran.
 Several seeds: the table gives each. `--plot` draws BLEU against
 training pairs, a panel per budget; `--minutes-plot` BLEU against minutes on the whole of Multi30k En->De (the
 points m30k_29000_5 to m30k_29000_56), a line per recipe through the mean of its seeds.
@@ -144,12 +145,12 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
     points, summary = [], []
     for point, (corpus, minutes) in POINTS.items():
         c = CORPORA[corpus]
-        seeds = {}  # seed -> the run dirs that translated the test split, fairseq's first
+        seeds = {}  # seed -> the run dirs that translated the test split, fairseq's first where it ran
         for seed in range(1, 4):
             base = run_dir(runs, point, "fairseq", seed)
             others = [run_dir(runs, point, r, seed) for r in SCORED if r != "fairseq"]
             done = [r for r in [base, *others] if (r / f"{c.split}.hyp").is_file()]
-            if base not in done or len(done) < 2:
+            if len(done) < 2:
                 continue
             seeds[seed] = done
             refs = read_hyps(split_references(done[-1], c.split))
@@ -158,30 +159,33 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
             for r, s in zip(done, result["systems"]):
                 m = s["metrics"]
                 updates, rate = speed(r)
-                versus = "" if r == base else f"{m['BLEU lc']['delta']:+.2f}, {m['BLEU lc']['p_bs']:.3f}"
+                measured = base in done and r != base  # the column is against fairseq's recipe
+                versus = f"{m['BLEU lc']['delta']:+.2f}, {m['BLEU lc']['p_bs']:.3f}" if measured else ""
                 scores = f"{m['BLEU lc']['score']:.2f} / {m['BLEU']['score']:.2f} / {m['chrF']['score']:.2f}"
                 cells = [c.label, minutes, s["name"], seed, f"{updates:,}", f"{rate:,.0f}", scores, versus]
                 print("| " + " | ".join(map(str, cells)) + " |")
                 points.append((c.pairs, minutes, s["name"], m["BLEU lc"]["score"], c.label))
-        if not seeds:
+        # Over the seeds fairseq's recipe ran: the recipes each of them ran, translations and references end to end.
+        ran = {seed: {r.name.split(".")[1] for r in done} for seed, done in seeds.items()}
+        against = {seed: seeds[seed] for seed in seeds if "fairseq" in ran[seed]}
+        if not against:
             continue
-        # Over the seeds: the recipes every seed ran, their translations and references end to end (pooled).
-        names = [n for n in SCORED if all(any(r.name.split(".")[1] == n for r in done) for done in seeds.values())]
+        names = [n for n in SCORED if all(n in ran[seed] for seed in against)]
         hyps = {n: [] for n in names}
         refs = []
-        for seed, done in seeds.items():
+        for seed, done in against.items():
             refs += read_hyps(split_references(done[-1], c.split))
             for n in names:
                 hyps[n] += read_hyps(run_dir(runs, point, n, seed) / f"{c.split}.hyp")
         names.remove("fairseq")
         result = compare([System(n, point, hyps[n]) for n in ["fairseq", *names]], refs)
         lc = {s["name"]: s["metrics"]["BLEU lc"] for s in result["systems"]}
-        if len(seeds) > 1:
+        if len(against) > 1:
             for n in names:
-                print(f"| {c.label} | {minutes} | {n} | {'+'.join(map(str, seeds))} pooled | | | "
+                print(f"| {c.label} | {minutes} | {n} | {'+'.join(map(str, against))} pooled | | | "
                       f"{lc[n]['score']:.2f} | {lc[n]['delta']:+.2f}, {lc[n]['p_bs']:.3f} |")  # fmt: skip
         # auto against this project's recipe, over the seeds both ran (pooled as above).
-        both = [s for s, done in seeds.items() if {"auto", "recipe"} <= {r.name.split(".")[1] for r in done}]
+        both = [seed for seed in seeds if {"auto", "recipe"} <= ran[seed]]
         if both:
             pooled = {n: [] for n in ("recipe", "auto")}
             refs = []
@@ -191,7 +195,7 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
                     pooled[n] += read_hyps(run_dir(runs, point, n, seed) / f"{c.split}.hyp")
             result = compare([System(n, point, h) for n, h in pooled.items()], refs)
             lc["auto vs recipe"] = result["systems"][1]["metrics"]["BLEU lc"] | {"seeds": len(both)}
-        summary.append((c.label, minutes, len(seeds), lc))
+        summary.append((c.label, minutes, len(against), lc))
     print("\nLowercased test BLEU (seeds pooled); auto's difference to fairseq's recipe and to this project's, p:\n")
     print("| corpus | minutes | seeds | " + " | ".join(SCORED) + " | Δ auto, p | Δ auto against recipe, p (seeds) |")
     print("|---" * (len(SCORED) + 5) + "|")
