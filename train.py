@@ -49,7 +49,7 @@ def main(dcfg: DictConfig) -> None:
         if rank != 0:
             logging.getLogger().setLevel(logging.WARNING)
         if cfg.auto.enabled:  # the recipe chosen from the corpus and the budget (mt/train/auto.py)
-            cfg = auto_setup.configure(cfg, run_dir, list(HydraConfig.get().overrides.task))
+            cfg = auto_setup.configure(cfg, run_dir, list(HydraConfig.get().overrides.task), job_start)
         # Rank 0 trains the tokenizer and fills the cache (or `python -m mt.prepare` did); the others then reuse both.
         parent = finetune.load_parent(cfg, run_dir) if cfg.train.init_from else None
         if parent is not None:  # its architecture and tokenizer

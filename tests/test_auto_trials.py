@@ -125,3 +125,13 @@ def test_a_seed_without_fairseqs_run_counts_against_the_recipe_only(tmp_path, ca
     summary = next(line for line in out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
     assert summary.startswith("| EMEA De->En | 20 | 1 | 100.00 | ")  # against fairseq's recipe: seed 1 alone
     assert summary.rstrip(" |").split(" | ")[-1].endswith("(2)")  # against the recipe: both seeds
+
+
+def test_plans_set_each_auto_runs_plan_against_the_updates_it_made(tmp_path, capsys):
+    runs = write_runs(tmp_path, [("auto", 1, "right"), ("auto", 2, "right"), ("recipe", 1, "right")])
+    plan = {"key": "plan", "value": {"updates": 250, "epochs": 10.0}, "reason": "250 updates"}
+    record = {"budget": {"minutes": 20, "updates": 0, "spent": 12.4}, "choices": [plan]}
+    (trials.run_dir(runs, "emea_20", "auto", 1) / "auto.json").write_text(json.dumps(record))
+    trials.plans(runs)  # seed 2 has no auto.json, the recipe is not auto's: neither is listed
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| emea")]
+    assert rows == ["| emea_20.auto.s1 | 250 | 200 | 0.80 | 10.0 | 8.0 | 12 |"]

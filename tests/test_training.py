@@ -523,6 +523,14 @@ def test_tensorboard_gets_the_metrics_scalars(toy_corpus, tmp_path):
     assert [e.value for e in events.Scalars("valid/valid_bleu")] == pytest.approx([r["valid_bleu"] for r in valid])
 
 
+def test_each_validation_records_its_wall_time(toy_corpus, tmp_path):
+    # what +experiment=auto's plan charges a validation (auto.VALIDATION_TOKENS) is measured from these
+    run = tmp_path / "run"
+    make_trainer(toy_corpus, run, max_epochs=2, valid_bleu=True).fit(job_start=0)
+    valid = [r for r in read_metrics(run) if r["kind"] == "valid"]
+    assert len(valid) == 2 and all(r["valid_s"] >= r["valid_decode_s"] > 0 for r in valid)
+
+
 def test_tensorboard_off_writes_no_event_files(toy_corpus, tmp_path):
     run = tmp_path / "run"
     make_trainer(toy_corpus, run, max_epochs=1, tensorboard=False).fit(job_start=0)

@@ -118,14 +118,26 @@ def patched(patches: dict):
             setattr(auto, name, value)
 
 
-def rule_with(patches: dict, corpus: auto.CorpusStats, budget: auto.Budget, speed: dict) -> tuple[list[str], int]:
+def rule_with(patches: dict, corpus: auto.CorpusStats, budget: auto.Budget, speed) -> tuple[list[str], int]:
     """The rule's choices (as overrides) and its update count with `patches` applied to its tables."""
     with patched(patches):
-        choices = {c.key: c.value for c in auto.choose(corpus, budget, speed) if c.key != auto.NOTE}
-        shape = next(n for n, s in auto.SHAPES.items() if s["d_model"] == choices["model.d_model"])
-        epoch = corpus.epoch(choices["tokenizer.vocab_size"], choices["train.max_tokens"])
-        updates = auto.updates_in(budget, speed[shape], epoch, choices["train.accumulate"])
+        chosen = auto.choose(corpus, budget, speed)
+    choices = {c.key: c.value for c in chosen if c.key not in (auto.NOTE, auto.PLAN)}
+    updates = next(c.value["updates"] for c in chosen if c.key == auto.PLAN)
     return [f"{k}={_value(v)}" for k, v in choices.items()], updates
+
+
+def recorded_speed(record: dict) -> auto.Speed:
+    """The speed a CPU run's auto.json planned with: points (shape, vocabulary, extras), or an older run's one figure
+    a shape."""
+    if isinstance(record["speed"], dict):
+        return auto.Speed(flat=record["speed"])
+    return auto.Speed({(shape, vocab, extras): rate for shape, vocab, extras, rate in record["speed"]})
+
+
+def compact_speed(record: dict, vocab: int) -> float:
+    """The compact shape's speed with `vocab` (no extras) in a CPU run's auto.json."""
+    return recorded_speed(record)("compact", vocab)
 
 
 @functools.cache
@@ -135,11 +147,7 @@ def _speed(shape: tuple, vocab: int) -> float:
 
     from mt.train import probe
 
-    saved, probe.VOCAB = probe.VOCAB, vocab
-    try:
-        return sorted(probe.measure(dict(shape), torch.device("cpu")) for _ in range(3))[1]
-    finally:
-        probe.VOCAB = saved
+    return sorted(probe.measure(dict(shape), torch.device("cpu"), vocab=vocab) for _ in range(3))[1]
 
 
 def cpu_speed(shape: dict, vocab: int, recorded: float, recorded_vocab: int) -> float:
@@ -166,7 +174,7 @@ def plan(point: str, names: list[str], cpu_runs: Path, data: Path, seeds: list[i
     fairseq_updates = cpu_updates(run_dir(cpu_runs, point, "fairseq", 1))
     # The rule's count against the CPU run's: the probe's speed is of 24-token sentences, and a corpus of shorter
     # or longer ones trains at another rate (EMEA: 23% more updates than planned). Every auto trial is scaled so.
-    _, planned = rule_with({}, stats, budget, {"compact": record["speed"]["compact"]})
+    _, planned = rule_with({}, stats, budget, recorded_speed(record))
     calibration = cpu_updates(run_dir(cpu_runs, point, "auto", 1)) / planned
     data_args = [a.replace(str(Path("../shared/data")), str(data)) for a in corpus.overrides(data)]
     out = []
@@ -176,10 +184,10 @@ def plan(point: str, names: list[str], cpu_runs: Path, data: Path, seeds: list[i
             run_vocab = next(c["value"] for c in record["choices"] if c["key"] == "tokenizer.vocab_size")
             with patched(patches):
                 given = dict(e.split("=", 1) for e in extra)
-                ruled = {c.key: c.value for c in auto.choose(stats, budget, record["speed"])}
+                ruled = {c.key: c.value for c in auto.choose(stats, budget, recorded_speed(record))}
                 vocab = int(given.get("tokenizer.vocab_size", 0)) or ruled["tokenizer.vocab_size"]
                 shape = auto.SHAPES["compact"]
-            speed = {"compact": cpu_speed(shape, vocab, record["speed"]["compact"], run_vocab)}
+            speed = {"compact": cpu_speed(shape, vocab, compact_speed(record, run_vocab), run_vocab)}
             scale = auto.TOKENS_PER_WORD[vocab] / auto.TOKENS_PER_WORD[run_vocab]  # the run measured its own BPE's
             trial_stats = dataclasses.replace(stats, epochs={k: auto.Epoch(e.batches * scale, e.padded_tokens * scale)
                                                              for k, e in stats.epochs.items()})  # fmt: skip

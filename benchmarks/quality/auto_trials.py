@@ -6,6 +6,7 @@ scored table (docs/auto.md).
     python benchmarks/quality/auto_trials.py run kde4_20 auto fairseq --seed 1 2    # train them, one at a time
     python benchmarks/quality/auto_trials.py table [--plot docs/auto_trials.png] \
         [--minutes-plot docs/auto_minutes.png]                        # score what has run, draw it
+    python benchmarks/quality/auto_trials.py plans                     # each auto run's plan against its updates
 
 A point is a corpus and a budget in minutes of training on this machine (`train.max_time`); a recipe is `auto`
 (`+experiment=auto`), `fairseq` (`multi30k_en_de_fairseq`, fairseq's Multi30k recipe, level with fairseq in the CPU
@@ -128,6 +129,26 @@ def speed(run: Path) -> tuple[int, float]:
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rates = sorted(r["tgt_tokens_per_s"] for r in rows if r.get("kind") == "train")
     return max((r.get("update", 0) for r in rows), default=0), rates[len(rates) // 2] if rates else float("nan")
+
+
+def plans(runs: Path) -> None:
+    """Each `auto` run's plan (the updates and epochs its auto.json expected the budget to hold) against the updates
+    it made: how well the rule's estimate of the budget (the probe, the time before training, the validations)
+    holds on this machine."""
+    print("| run | planned updates | made | made / planned | planned epochs | made epochs | time before training, s |")
+    print("|---|---|---|---|---|---|---|")
+    for run in sorted(runs.glob("*.auto.s*")):
+        record = run / "auto.json"
+        if not record.is_file() or not (run / "metrics.jsonl").is_file():
+            continue
+        choices = json.loads(record.read_text())
+        plan = next((c["value"] for c in choices["choices"] if c["key"] == "plan"), None)
+        if plan is None:  # a run of the rule before it recorded its plan
+            continue
+        made, _ = speed(run)
+        made_epochs = made * plan["epochs"] / plan["updates"] if plan["updates"] else 0.0
+        print(f"| {run.name} | {plan['updates']:,} | {made:,} | {made / max(plan['updates'], 1):.2f} | "
+              f"{plan['epochs']:.1f} | {made_epochs:.1f} | {choices['budget'].get('spent', 0):.0f} |")  # fmt: skip
 
 
 def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> None:
@@ -292,7 +313,7 @@ def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("action", choices=["cut", "command", "run", "table"])
+    ap.add_argument("action", choices=["cut", "command", "run", "table", "plans"])
     ap.add_argument("point", nargs="?", choices=list(POINTS))
     ap.add_argument("recipes", nargs="*", help=f"one or more of {', '.join(RECIPES)}")
     ap.add_argument("--seed", type=int, nargs="+", default=[1])
@@ -305,6 +326,8 @@ def main() -> None:
         return cut(runs.parent / "data")
     if args.action == "table":
         return table(runs, args.plot, args.minutes_plot)
+    if args.action == "plans":
+        return plans(runs)
     if args.point is None or not args.recipes or set(args.recipes) - set(RECIPES):
         ap.error(f"{args.action}: name a point ({', '.join(POINTS)}) and one or more recipes ({', '.join(RECIPES)})")
     for seed in args.seed:

@@ -102,6 +102,11 @@ SMALL_CORPUS_DROPOUT = 0.2
 # fairseq's recipe (p 0.003; Zen 4, seed 1), where the rule without it is level (docs/auto.md).
 CASE_MARKUP_PAIRS = 20_000
 VALIDATIONS = 10  # validations a run (at least every 100 updates), BLEU on 200 sentences
+# What a validation costs, in padded tokens of training at the run's speed: the val loss, 200 sentences
+# beam-searched and the best checkpoint saved took 10.7 s on average against 0.35 s an update of 1,894 padded
+# tokens (KDE4's 500 held-out pairs, 6 minutes, AMD EPYC Zen 3, 2026-12-01, docs/experiments/auto.md), ~30
+# updates' worth. Without it the plan overshot the updates made by 21-22% on that host (KDE4, IWSLT TED).
+VALIDATION_TOKENS = 57_000
 MIN_EPOCHS = 1.0  # a budget under one epoch is warned about
 
 
@@ -134,13 +139,30 @@ class CorpusStats:
 
 @dataclass(frozen=True)
 class Budget:
-    """train.max_time in minutes (0: none) or train.max_updates (0: none); one of them is set."""
+    """train.max_time in minutes (0: none) or train.max_updates (0: none); one of them is set. `spent`: seconds of
+    train.max_time gone before the first update (train.py's clock starts with the job: reading the corpus, BPE, the
+    tokenized cache, the probe)."""
 
     minutes: float = 0.0
     updates: int = 0
+    spent: float = 0.0
+
+
+@dataclass(frozen=True)
+class Speed:
+    """Padded batch tokens per second of training updates on this machine (the probe's unit) by shape, BPE vocabulary
+    and FLoRes' extras (mt/train/probe.py measures each such point), else `flat`: one figure a shape, whatever the
+    vocabulary and the dropout layers (the tests' and older records' form)."""
+
+    points: Mapping[tuple[str, int, bool], float] = field(default_factory=dict)
+    flat: Mapping[str, float] = field(default_factory=dict)
+
+    def __call__(self, shape: str, vocab: int, extras: bool = False) -> float:
+        return self.points[(shape, vocab, extras)] if (shape, vocab, extras) in self.points else self.flat[shape]
 
 
 NOTE = "note"  # a Choice that sets nothing: a warning about the corpus or the budget
+PLAN = "plan"  # a Choice that sets nothing: the updates and epochs the rule expects the budget to hold
 
 
 @dataclass(frozen=True)
@@ -157,28 +179,64 @@ def tier(table: list[tuple[float, object]], x: float):
 
 def updates_in(budget: Budget, tokens_per_second: float, epoch: Epoch, accumulate: int) -> int:
     """Updates of `accumulate` batches the budget holds at `tokens_per_second` (padded batch tokens, the probe's
-    unit), the batches as large as `epoch`'s on average."""
+    unit), the batches as large as `epoch`'s on average: the minutes less what went before training and what the
+    validations take."""
     if budget.updates:
         return budget.updates
-    return int(budget.minutes * 60 * tokens_per_second / (epoch.padded_tokens / epoch.batches * accumulate))
+    seconds = max(0.0, budget.minutes * 60 - budget.spent)
+    per_update = epoch.padded_tokens / epoch.batches * accumulate / tokens_per_second
+    for validations in range(VALIDATIONS, -1, -1):  # the most the updates left make (valid_every: 100 or more)
+        updates = int((seconds - validations * VALIDATION_TOKENS / tokens_per_second) / per_update)
+        if updates >= 0 and updates // max(100, updates // VALIDATIONS) >= validations:
+            return updates
+    return 0
 
 
-def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list[Choice]:
-    """The recipe for `corpus` in `budget`, given `speed`: padded batch tokens per second of each shape of SHAPES
-    on this machine. Raises ConfigError for a corpus too small to train on or a budget with no end."""
+def probe_points(pairs: int) -> list[tuple[str, int, bool]]:
+    """The (shape, BPE vocabulary, FLoRes' extras) points whose speed `choose` may read for a corpus of `pairs`:
+    its shape tier's and the smaller ones, its vocabulary tier's and the larger one a long or a grown budget takes,
+    with and without the extras under SMALL_CORPUS pairs."""
+    names = [name for _, name in SHAPE_BY_PAIRS]
+    shapes = names[: names.index(tier(SHAPE_BY_PAIRS, pairs)) + 1]
+    vocab = tier(VOCABULARY, pairs)
+    vocabs = [vocab]
+    if vocab in LONG_VOCABULARY:
+        vocabs.append(LONG_VOCABULARY[vocab])
+    if vocab in GROWN_VOCABULARY and pairs >= GROWN_VOCABULARY_PAIRS:
+        vocabs.append(GROWN_VOCABULARY[vocab])
+    extras = [False, True] if pairs < SMALL_CORPUS else [False]
+    return [(s, v, e) for s in shapes for v in vocabs for e in extras]
+
+
+def every_probe_point() -> list[tuple[str, int, bool]]:
+    """Every point `probe_points` gives for some corpus size (probe.TABLE's rows): the points of a corpus at each
+    bound of the tiers and just under it."""
+    tables = [*VOCABULARY, *SHAPE_BY_PAIRS, (GROWN_VOCABULARY_PAIRS, None), (SMALL_CORPUS, None)]
+    sizes = {MIN_PAIRS} | {n for bound, _ in tables if bound != math.inf for n in (int(bound) - 1, int(bound))}
+    return sorted({point for n in sizes if n >= MIN_PAIRS for point in probe_points(n)})
+
+
+def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, float]) -> list[Choice]:
+    """The recipe for `corpus` in `budget`, given `speed` on this machine (a `Speed`, or one figure a shape of
+    SHAPES). Raises ConfigError for a corpus too small to train on or a budget with no end."""
     if corpus.pairs < MIN_PAIRS:
         raise ConfigError(f"+experiment=auto: {corpus.pairs} training pairs, fewer than {MIN_PAIRS:,}: too few to "
                           "learn a translator; add data or fine-tune a trained model (train.init_from)")  # fmt: skip
     if not budget.minutes and not budget.updates:
         raise ConfigError("+experiment=auto chooses the recipe for a budget: set train.max_time (minutes) or "
                           "train.max_updates")  # fmt: skip
+    if not isinstance(speed, Speed):
+        speed = Speed(flat=speed)
     vocab = tier(VOCABULARY, corpus.pairs)
     long_epoch = corpus.epoch(vocab, LONG_TOKENS)
 
     shape = tier(SHAPE_BY_PAIRS, corpus.pairs)
-    while shape != "compact" and updates_in(budget, speed[shape], long_epoch, LONG_ACCUMULATE) < MIN_UPDATES_FOR_SHAPE:
+    while (
+        shape != "compact"
+        and updates_in(budget, speed(shape, vocab), long_epoch, LONG_ACCUMULATE) < MIN_UPDATES_FOR_SHAPE
+    ):
         shape = {"base": "small", "small": "compact"}[shape]  # too slow for the budget: one size down
-    long_updates = updates_in(budget, speed[shape], long_epoch, LONG_ACCUMULATE)  # in updates of 8,192 tokens
+    long_updates = updates_in(budget, speed(shape, vocab), long_epoch, LONG_ACCUMULATE)  # in updates of 8,192 tokens
     long_run = long_updates >= LONG_RUN_UPDATES
     tokens, accumulate = (LONG_TOKENS, LONG_ACCUMULATE) if long_run else (SHORT_TOKENS, 1)
     why = f"{corpus.pairs:,} pairs: a joint BPE of {vocab:,}"
@@ -206,12 +264,21 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
         ),
     ]
     epoch = corpus.epoch(vocab, tokens)
-    updates = updates_in(budget, speed[shape], epoch, accumulate)
+    # FLoRes' regime for a small corpus the budget shows FLORES_EPOCHS times at the regime's own speed: its extra
+    # dropout layers cost updates, and a plan at the speed without them can cross the bound the run does not reach.
+    small = corpus.pairs < SMALL_CORPUS
+    flores_epochs = (updates_in(budget, speed(shape, vocab, True), epoch, accumulate) * accumulate / epoch.batches
+                     if small else 0.0)  # fmt: skip
+    small_and_long = small and flores_epochs >= FLORES_EPOCHS
+    rate = speed(shape, vocab, small_and_long)
+    updates = updates_in(budget, rate, epoch, accumulate)
     epochs = updates * accumulate / epoch.batches
-    rate = f" in {budget.minutes:g} min at {speed[shape]:,.0f} tokens/s" if not budget.updates else ""
+    spent = f", {budget.spent:.0f} s of it before training" if budget.spent >= 1 else ""
+    at = f" in {budget.minutes:g} min{spent} at {rate:,.0f} tokens/s" if not budget.updates else ""
     counted = "measured" if tokens in corpus.epochs else "estimated from words"
     how_long = (f"{updates:,} updates of {tokens * accumulate:,} tokens, ~{epochs:.1f} epochs ({counted}: "
-                f"{epoch.batches:,.0f} batches an epoch){rate}")  # fmt: skip
+                f"{epoch.batches:,.0f} batches an epoch){at}")  # fmt: skip
+    out.append(Choice(PLAN, {"updates": updates, "epochs": round(epochs, 2)}, how_long))
     if epochs < MIN_EPOCHS:
         out.append(Choice(NOTE, None, f"WARNING: the budget holds {how_long}: less than one pass over the data; "
                           "a longer train.max_time would help more than any setting"))  # fmt: skip
@@ -248,18 +315,17 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
             Choice("train.cooldown", 0.3, "the last 30% of the budget cools the lr to 0 (Li et al. 2020)"),
             Choice("train.clip_norm", 1.0, why),
         ]
-    small = corpus.pairs < SMALL_CORPUS
-    small_and_long = small and epochs >= FLORES_EPOCHS
     dropout, why = tier(DROPOUT_BY_EPOCHS, epochs), f"~{epochs:.1f} epochs"
+    at_flores = f" (~{flores_epochs:.1f} at the speed of FLoRes' extras)" if small and not small_and_long else ""
     if small and not small_and_long and dropout > SMALL_CORPUS_DROPOUT:
         dropout = SMALL_CORPUS_DROPOUT
-        why += (f" of {corpus.pairs:,} pairs < {SMALL_CORPUS:,}: {SMALL_CORPUS_DROPOUT:g} until {FLORES_EPOCHS} "
-                "epochs, then FLoRes' 0.3 with its extras")  # fmt: skip
+        why += (f"{at_flores} of {corpus.pairs:,} pairs < {SMALL_CORPUS:,}: {SMALL_CORPUS_DROPOUT:g} until "
+                f"{FLORES_EPOCHS} epochs, then FLoRes' 0.3 with its extras")  # fmt: skip
     out.append(Choice("model.dropout", dropout, why))
     inner = 0.1 if small_and_long else 0.0
     why = (f"{corpus.pairs:,} pairs < {SMALL_CORPUS:,} seen ~{epochs:.1f} times (FLoRes)" if small_and_long
-           else f"~{epochs:.1f} epochs of {corpus.pairs:,} pairs: FLoRes' extras only from {FLORES_EPOCHS} epochs "
-           f"under {SMALL_CORPUS:,} pairs")  # fmt: skip
+           else f"~{epochs:.1f} epochs{at_flores} of {corpus.pairs:,} pairs: FLoRes' extras only from "
+           f"{FLORES_EPOCHS} epochs under {SMALL_CORPUS:,} pairs")  # fmt: skip
     out.append(Choice("model.attention_dropout", inner, why))
     out.append(Choice("model.activation_dropout", inner, why))
     out.append(Choice("train.label_smoothing", 0.2 if small_and_long else 0.1, why))
@@ -273,7 +339,9 @@ def choose(corpus: CorpusStats, budget: Budget, speed: dict[str, float]) -> list
     return out
 
 
-def grid(pairs: list[int], minutes: list[float], speed: dict[str, float], words_per_pair: float = 13.0) -> str:
+def grid(
+    pairs: list[int], minutes: list[float], speed: Speed | Mapping[str, float], words_per_pair: float = 13.0
+) -> str:
     """A Markdown table of the main choices for each corpus size (rows) and budget (columns), docs/auto.md's: the
     BPE vocabulary, the shape, the schedule (short: the quick start's; long: fairseq's), dropout, and FLoRes'
     extras where they apply. Both sides of a pair are taken to have `words_per_pair` words."""
@@ -283,7 +351,7 @@ def grid(pairs: list[int], minutes: list[float], speed: dict[str, float], words_
         cells = []
         for m in minutes:
             got = {c.key: c.value for c in choose(CorpusStats(n, int(n * words_per_pair), int(n * words_per_pair)),
-                                                  Budget(minutes=m), speed)}  # fmt: skip
+                                                  Budget(minutes=m), speed) if c.key != PLAN}  # fmt: skip
             shape = next(name for name, s in SHAPES.items() if s["d_model"] == got["model.d_model"])
             schedule = "long" if got["model.norm"] == "post" else "short"
             extras = ", FLoRes" if got["train.label_smoothing"] == 0.2 else ""
@@ -297,4 +365,4 @@ def grid(pairs: list[int], minutes: list[float], speed: dict[str, float], words_
 if __name__ == "__main__":  # python -m mt.train.auto: the grid at the probe's table speed (a 2-vCPU EPYC)
     from mt.train.probe import TABLE
 
-    print(grid([2_000, 5_000, 10_000, 29_000, 100_000, 500_000, 2_000_000], [5, 10, 30, 60, 240], TABLE))
+    print(grid([2_000, 5_000, 10_000, 29_000, 100_000, 500_000, 2_000_000], [5, 10, 30, 60, 240], Speed(TABLE)))

@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import logging
+import time
 from pathlib import Path
 
 from mt.config import Config, ConfigError
@@ -15,7 +16,19 @@ from mt.data import read
 from mt.data.corpus import make_sampler, prepare_data
 from mt.runtime import pick_device
 from mt.train import probe
-from mt.train.auto import BATCH_TOKENS, NOTE, SHAPE_BY_PAIRS, SHAPES, Budget, Choice, CorpusStats, Epoch, choose
+from mt.train.auto import (
+    BATCH_TOKENS,
+    NOTE,
+    PLAN,
+    SHAPES,
+    Budget,
+    Choice,
+    CorpusStats,
+    Epoch,
+    Speed,
+    choose,
+    probe_points,
+)
 from mt.train.distributed import world_and_rank
 
 log = logging.getLogger(__name__)
@@ -64,15 +77,11 @@ def measure_epochs(cfg: Config, run_dir: Path) -> dict[int, Epoch]:
     return out
 
 
-def budget(cfg: Config) -> Budget:
-    return Budget(minutes=cfg.train.max_time, updates=cfg.train.max_updates if not cfg.train.max_time else 0)
-
-
-def candidate_shapes(pairs: int) -> dict[str, dict]:
-    """The shapes the rule may pick for a corpus of `pairs`: its tier's and the ones below it."""
-    names = [name for _, name in SHAPE_BY_PAIRS]
-    top = next(name for bound, name in SHAPE_BY_PAIRS if pairs < bound)
-    return {name: SHAPES[name] for name in names[: names.index(top) + 1]}
+def budget(cfg: Config, job_start: float | None = None) -> Budget:
+    """The run's budget; `job_start` (time.time() when train.py started): the seconds of it already spent."""
+    spent = time.time() - job_start if job_start is not None and cfg.train.max_time else 0.0
+    return Budget(minutes=cfg.train.max_time, updates=cfg.train.max_updates if not cfg.train.max_time else 0,
+                  spent=spent)  # fmt: skip
 
 
 def set_key(cfg: Config, key: str, value) -> None:
@@ -80,8 +89,9 @@ def set_key(cfg: Config, key: str, value) -> None:
     setattr(getattr(cfg, section), name, value)
 
 
-def configure(cfg: Config, run_dir: Path, overrides: list[str]) -> Config:
-    """`cfg` with the rule's choices applied (in place), the block of reasons logged, `auto.json` written."""
+def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float | None = None) -> Config:
+    """`cfg` with the rule's choices applied (in place), the block of reasons logged, `auto.json` written.
+    `job_start`: when train.py started (time.time()), whose clock train.max_time counts from."""
     if world_and_rank()[0] > 1:
         raise ConfigError("+experiment=auto under torchrun: each process would time its own shapes; run it once on "
                           f"one process and pass the choices it logs (its {AUTO_FILE}) as overrides")  # fmt: skip
@@ -95,8 +105,10 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str]) -> Config:
         stats = corpus_stats(cfg)
         device = pick_device(cfg.train.device)
         precision = cfg.train.precision if cfg.train.precision in ("bf16", "fp16") else "fp32"
-        speed = probe.throughput(candidate_shapes(stats.pairs), device, precision, cfg.auto.probe)
-        choices = choose(stats, budget(cfg), speed)
+        points = {point: SHAPES[point[0]] for point in probe_points(stats.pairs)}
+        speed = Speed(probe.throughput(points, device, precision, cfg.auto.probe))
+        planned = budget(cfg, job_start)
+        choices = choose(stats, planned, speed)
         measured_at = None  # the epoch measured with the rule's vocabulary (a parent's: estimated)
         for _ in range(3 if not cfg.train.init_from else 0):  # a long budget changes the vocabulary: settles in two
             trial = copy.deepcopy(cfg)
@@ -107,16 +119,17 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str]) -> Config:
                 break
             stats = dataclasses.replace(stats, epochs=measure_epochs(trial, run_dir))
             measured_at = trial.tokenizer.vocab_size
-            choices = choose(stats, budget(cfg), speed)
-        record = {"corpus": dataclasses.asdict(stats), "budget": vars(budget(cfg)), "speed": speed,
-                  "device": str(device)}  # fmt: skip
+            planned = budget(cfg, job_start)  # less what BPE and the tokenized cache took
+            choices = choose(stats, planned, speed)
+        record = {"corpus": dataclasses.asdict(stats), "budget": vars(planned),
+                  "speed": [[*point, rate] for point, rate in speed.points.items()], "device": str(device)}  # fmt: skip
         limit = f"{cfg.train.max_time:g} min" if cfg.train.max_time else f"{cfg.train.max_updates:,} updates"
         source = f"{stats.pairs:,} pairs ({stats.src_words:,} / {stats.tgt_words:,} words) in {limit}"
     lines = [f"auto: the recipe for {source}:"]
     applied = []
     for c in choices:
-        if c.key == NOTE:
-            lines.append(f"  {c.reason}")
+        if c.key in (NOTE, PLAN):
+            lines.append(f"  {'plan: ' if c.key == PLAN else ''}{c.reason}")
             continue
         if c.key in keys or c.key.split(".")[0] in groups:
             lines.append(f"  {c.key}={_value(cfg, c.key)}  (command line; the rule would set {c.value}: {c.reason})")

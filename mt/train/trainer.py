@@ -16,6 +16,7 @@ import functools
 import logging
 import math
 import signal
+import time
 from itertools import islice
 from pathlib import Path
 
@@ -245,6 +246,7 @@ class Trainer:
 
     def _validate_and_keep_best(self) -> None:
         if self.rank == 0:
+            start = time.perf_counter()
             result = self.validate()
             if self.ema is not None and self.tc.ema_validate_raw:  # the average's gain, at every validation
                 result.update({f"raw_{k}": v for k, v in self.validate(model=self.model).items()})
@@ -255,6 +257,7 @@ class Trainer:
                 self.save("checkpoint_best.pt", full=False)
             else:
                 self.bad_validations += 1
+            result["valid_s"] = time.perf_counter() - start  # all of it, the best checkpoint's save included
             self.metrics.write({"kind": "valid", "update": self.update, "epoch": self.epochs_done, **result})
             figures = ", ".join(f"{k}={v:.3f}" for k, v in result.items())
             log.info("validation at update %d: %s%s", self.update, figures, " (best)" if improved else "")
