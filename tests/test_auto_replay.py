@@ -50,9 +50,11 @@ def test_each_trial_runs_the_count_its_cpu_budget_holds(cpu_runs):
                                                             cpu_runs, cpu_runs / "data", [1, 2])}  # fmt: skip
     # the rule now: the CPU run's own count (its plan, scaled by the run's updates over that plan)
     assert plan["auto"]["updates"] == 7_400
-    # the first rule: FFN 512 at 1/1.25 of the speed, so 1/1.25 of the updates (still the short schedule)
-    assert plan["first"]["updates"] == pytest.approx(7_400 / 1.25, abs=2)
-    assert plan["ff256_v8k"]["updates"] == pytest.approx(7_400 / 1.06, abs=2)  # the 8k output layer's cost
+    # the first rule: FFN 512 at 1/1.25 of the speed, so ~1/1.25 of the updates (still the short schedule; not
+    # exactly: the plan's validations cost as many tokens at any speed, so a slower model loses a few more updates)
+    assert plan["first"]["updates"] == pytest.approx(7_400 / 1.25, rel=0.02)
+    assert plan["first"]["updates"] < 7_400 / 1.25
+    assert plan["ff256_v8k"]["updates"] == pytest.approx(7_400 / 1.06, rel=0.02)  # the 8k output layer's cost
     assert plan["fairseq"]["updates"] == 2_276  # fairseq's CPU run's own count
 
 

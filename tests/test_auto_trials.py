@@ -134,4 +134,9 @@ def test_plans_set_each_auto_runs_plan_against_the_updates_it_made(tmp_path, cap
     (trials.run_dir(runs, "emea_20", "auto", 1) / "auto.json").write_text(json.dumps(record))
     trials.plans(runs)  # seed 2 has no auto.json, the recipe is not auto's: neither is listed
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| emea")]
-    assert rows == ["| emea_20.auto.s1 | 250 | 200 | 0.80 | 10.0 | 8.0 | 12 |"]
+    assert rows == ["| emea_20.auto.s1 | 250 | 200 | 0.80 | 10.0 | 8.0 | 12 |"]  # the last update logged
+    (trials.run_dir(runs, "emea_20", "auto", 1) / "train.log").write_text(
+        "[t][train][INFO] - training stopped (max_time) after 225 updates, 20.0 min\n"
+    )
+    trials.plans(runs)  # the train log's count, exact
+    assert "| emea_20.auto.s1 | 250 | 225 | 0.90 | 10.0 | 9.0 | 12 |" in capsys.readouterr().out

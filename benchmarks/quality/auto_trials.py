@@ -30,6 +30,7 @@ import argparse
 import gzip
 import json
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -145,7 +146,9 @@ def plans(runs: Path) -> None:
         plan = next((c["value"] for c in choices["choices"] if c["key"] == "plan"), None)
         if plan is None:  # a run of the rule before it recorded its plan
             continue
-        made, _ = speed(run)
+        log = run / "train.log"
+        stopped = re.search(r"training stopped \(.*\) after (\d+) updates", log.read_text()) if log.is_file() else None
+        made = int(stopped.group(1)) if stopped else speed(run)[0]  # else the last update logged
         made_epochs = made * plan["epochs"] / plan["updates"] if plan["updates"] else 0.0
         print(f"| {run.name} | {plan['updates']:,} | {made:,} | {made / max(plan['updates'], 1):.2f} | "
               f"{plan['epochs']:.1f} | {made_epochs:.1f} | {choices['budget'].get('spent', 0):.0f} |")  # fmt: skip

@@ -35,16 +35,16 @@ Point = tuple[str, int, bool]  # (shape name, BPE vocabulary, FLoRes' extras)
 # Padded batch tokens per second of every point the rule may ask for: `measure_points` on a 2-vCPU AMD EPYC Zen 3
 # (AVX2, no AVX-512), fp32, two threads, torch 2.13.0, 2026-12-01 (`python -m mt.train.probe` prints them).
 TABLE: dict[Point, float] = {
-    ("base", 32_000, False): 237.7,
-    ("compact", 4_000, False): 4_414.7,
-    ("compact", 4_000, True): 3_525.7,
-    ("compact", 8_000, False): 3_508.7,
-    ("compact", 10_000, False): 3_585.5,
-    ("compact", 10_000, True): 2_979.4,
-    ("compact", 16_000, False): 3_396.0,
-    ("compact", 32_000, False): 2_029.3,
-    ("small", 16_000, False): 1_441.0,
-    ("small", 32_000, False): 787.8,
+    ("base", 32_000, False): 205.0,
+    ("compact", 4_000, False): 4_253.7,
+    ("compact", 4_000, True): 3_652.7,
+    ("compact", 8_000, False): 3_306.5,
+    ("compact", 10_000, False): 3_126.0,
+    ("compact", 10_000, True): 2_547.5,
+    ("compact", 16_000, False): 2_398.1,
+    ("compact", 32_000, False): 1_537.1,
+    ("small", 16_000, False): 1_063.8,
+    ("small", 32_000, False): 791.5,
 }
 
 
