@@ -542,3 +542,21 @@ def test_the_gpu_kit_fails_loudly_and_writes_into_its_own_folder(tmp_path, faili
     assert all(f"FAILED: translate {name} (exit 3)" in summary for name in names), summary
     assert "FAILED steps: translate gpu_fp32" in summary and "training throughput" in summary  # the rest ran
     assert "identical" not in summary  # failed decodes are not compared
+
+
+def test_the_probe_waits_for_the_device_before_it_stops_the_clock(monkeypatch, cuda_branches):
+    """A CUDA update returns before its kernels have run: the probe's clock must stop after a synchronize, or it times
+    the launches and the rule plans the run several times too long."""
+    import time
+
+    from mt.train import probe
+
+    events: list[str] = []
+    clock = time.perf_counter
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: events.append(f"synchronize {device}"))
+    monkeypatch.setattr(probe.time, "perf_counter", lambda: events.append("clock") or clock())
+    tiny = {"d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 1}
+    trial = probe._Trial(tiny, torch.device("cpu"), "fp32", 64, False)
+    events.clear()
+    assert trial.rate(2) > 0
+    assert events == ["clock", "synchronize cpu", "clock"]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from mt import runtime
 from mt.config import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,7 @@ class _Trial:
         start = time.perf_counter()
         for _ in range(steps):
             self.update()
-        if self.device.type == "cuda":
+        if runtime.on_cuda(self.device):  # CUDA runs the updates asynchronously: wait for them before the clock stops
             torch.cuda.synchronize(self.device)
         return self.src.numel() * steps / (time.perf_counter() - start)
 
