@@ -129,14 +129,29 @@ def test_a_seed_without_fairseqs_run_counts_against_the_recipe_only(tmp_path, ca
 
 def test_plans_set_each_auto_runs_plan_against_the_updates_it_made(tmp_path, capsys):
     runs = write_runs(tmp_path, [("auto", 1, "right"), ("auto", 2, "right"), ("recipe", 1, "right")])
+    run = trials.run_dir(runs, "emea_20", "auto", 1)
     plan = {"key": "plan", "value": {"updates": 250, "epochs": 10.0}, "reason": "250 updates"}
-    record = {"budget": {"minutes": 20, "updates": 0, "spent": 12.4}, "choices": [plan]}
-    (trials.run_dir(runs, "emea_20", "auto", 1) / "auto.json").write_text(json.dumps(record))
+    chosen = {"tokenizer.vocab_size": 4000, "train.max_tokens": 2500, "train.accumulate": 1, "model.d_model": 128,
+              "model.attention_dropout": 0.0}  # fmt: skip
+    record = {
+        "corpus": {"epochs": {"2500": {"batches": 10, "padded_tokens": 20_000.0}, "4096": {"batches": 1}}},
+        "budget": {"minutes": 20, "updates": 0, "spent": 12.4},
+        "speed": [["compact", 4000, True, 4_500.0], ["compact", 4000, False, 5_000.0], ["compact", 10000, False, 1.0]],
+        "choices": [plan, *({"key": k, "value": v, "reason": ""} for k, v in chosen.items())],
+    }
+    (run / "auto.json").write_text(json.dumps(record))
+    # 2,000 padded tokens an update at 4,000 a second: 0.5 s each; a 10-s validation at 100, a 12-s one at 200
+    rows = [
+        {"kind": "train", "update": 100, "elapsed": 12.4 + 50, "tgt_tokens_per_s": 900.0},
+        {"kind": "valid", "update": 100, "valid_s": 10.0},
+        {"kind": "train", "update": 200, "elapsed": 12.4 + 100 + 10, "tgt_tokens_per_s": 900.0},
+        {"kind": "valid", "update": 200, "valid_s": 12.0},
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     trials.plans(runs)  # seed 2 has no auto.json, the recipe is not auto's: neither is listed
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| emea")]
-    assert rows == ["| emea_20.auto.s1 | 250 | 200 | 0.80 | 10.0 | 8.0 | 12 |"]  # the last update logged
-    (trials.run_dir(runs, "emea_20", "auto", 1) / "train.log").write_text(
-        "[t][train][INFO] - training stopped (max_time) after 225 updates, 20.0 min\n"
-    )
+    measured = "12 | 5,000, 4,000 | 2, 11.0 | 44,000 |"  # the probe's point; the run's speed; 11 s at 4,000 tok/s
+    assert rows == [f"| emea_20.auto.s1 | 250 | 200 | 0.80 | 10.0 | 8.0 | {measured}"]  # the last update logged
+    (run / "train.log").write_text("[t][train][INFO] - training stopped (max_time) after 225 updates, 20.0 min\n")
     trials.plans(runs)  # the train log's count, exact
-    assert "| emea_20.auto.s1 | 250 | 225 | 0.90 | 10.0 | 9.0 | 12 |" in capsys.readouterr().out
+    assert f"| emea_20.auto.s1 | 250 | 225 | 0.90 | 10.0 | 9.0 | {measured}" in capsys.readouterr().out

@@ -132,26 +132,66 @@ def speed(run: Path) -> tuple[int, float]:
     return max((r.get("update", 0) for r in rows), default=0), rates[len(rates) // 2] if rates else float("nan")
 
 
+def chosen(record: dict, key: str, default=None):
+    return next((c["value"] for c in record["choices"] if c["key"] == key), default)
+
+
+def measured(run: Path, record: dict) -> tuple[float, float, list[float]]:
+    """(the probe's padded tokens/s for the point the rule chose, the padded tokens/s the run trained at between
+    validations, each validation's seconds) of an `auto` run, from its auto.json and metrics.jsonl: the two halves of
+    the plan's error (the probe's speed, and what it charges for the validations: VALIDATION_TOKENS)."""
+    from mt.train.auto import SHAPES
+
+    vocab, tokens = chosen(record, "tokenizer.vocab_size"), chosen(record, "train.max_tokens")
+    extras = bool(chosen(record, "model.attention_dropout", 0.0))
+    shape = next(name for name, dims in SHAPES.items() if dims["d_model"] == chosen(record, "model.d_model"))
+    probe = next((r for point in record.get("speed", []) if point[:3] == [shape, vocab, extras] for r in point[3:]),
+                 float("nan"))  # fmt: skip
+    epoch = record["corpus"]["epochs"][str(tokens)]
+    per_update = epoch["padded_tokens"] / epoch["batches"] * chosen(record, "train.accumulate", 1)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    valid_s, last = [], None  # the last train record, and the validations' seconds before it
+    for r in rows:
+        if r.get("kind") == "valid" and "valid_s" in r:
+            valid_s.append(r["valid_s"])
+        elif r.get("kind") == "train" and "elapsed" in r:
+            last = (r["update"], r["elapsed"], sum(valid_s))
+    if last is None:
+        return probe, float("nan"), valid_s
+    update, elapsed, validating = last
+    training = elapsed - record["budget"].get("spent", 0.0) - validating
+    return probe, update * per_update / training if training > 0 else float("nan"), valid_s
+
+
 def plans(runs: Path) -> None:
     """Each `auto` run's plan (the updates and epochs its auto.json expected the budget to hold) against the updates
-    it made: how well the rule's estimate of the budget (the probe, the time before training, the validations)
-    holds on this machine."""
-    print("| run | planned updates | made | made / planned | planned epochs | made epochs | time before training, s |")
-    print("|---|---|---|---|---|---|---|")
+    it made, and the two things the plan rests on, as the run found them: the speed of its updates against the
+    probe's, and a validation's seconds as padded tokens of training at the run's speed against VALIDATION_TOKENS
+    (runs from before validations recorded `valid_s` leave those columns empty)."""
+    from mt.train.auto import VALIDATION_TOKENS
+
+    print("| run | planned updates | made | made / planned | planned epochs | made epochs | time before training, s "
+          "| padded tok/s: probe, run | validations, mean s | a validation in padded tokens "
+          f"(charged {VALIDATION_TOKENS:,}) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for run in sorted(runs.glob("*.auto.s*")):
         record = run / "auto.json"
         if not record.is_file() or not (run / "metrics.jsonl").is_file():
             continue
         choices = json.loads(record.read_text())
-        plan = next((c["value"] for c in choices["choices"] if c["key"] == "plan"), None)
+        plan = chosen(choices, "plan")
         if plan is None:  # a run of the rule before it recorded its plan
             continue
         log = run / "train.log"
         stopped = re.search(r"training stopped \(.*\) after (\d+) updates", log.read_text()) if log.is_file() else None
         made = int(stopped.group(1)) if stopped else speed(run)[0]  # else the last update logged
         made_epochs = made * plan["epochs"] / plan["updates"] if plan["updates"] else 0.0
+        probe, rate, valid_s = measured(run, choices)
+        mean = sum(valid_s) / len(valid_s) if valid_s else float("nan")
+        validation = f"{len(valid_s)}, {mean:.1f} | {mean * rate:,.0f}" if valid_s and rate == rate else " | "
         print(f"| {run.name} | {plan['updates']:,} | {made:,} | {made / max(plan['updates'], 1):.2f} | "
-              f"{plan['epochs']:.1f} | {made_epochs:.1f} | {choices['budget'].get('spent', 0):.0f} |")  # fmt: skip
+              f"{plan['epochs']:.1f} | {made_epochs:.1f} | {choices['budget'].get('spent', 0):.0f} | "
+              f"{probe:,.0f}, {rate:,.0f} | {validation} |")  # fmt: skip
 
 
 def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> None:
