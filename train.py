@@ -60,7 +60,8 @@ def main(dcfg: DictConfig) -> None:
         if rank == 0:
             distributed.wait_for_rank0()
         trainer = Trainer(cfg, corpus, run_dir)
-        if not trainer.resume() and parent is not None:
+        resumed = trainer.resume()
+        if not resumed and parent is not None:
             finetune.start(trainer, parent)
         if rank == 0:  # written once the run dir's checkpoints are known to belong to this config
             # the config as trained: with a fine-tuning run's parent's architecture and tokenizer (finetune.adopt)
@@ -77,6 +78,9 @@ def main(dcfg: DictConfig) -> None:
             sys.exit(130 if reason == "SIGINT" else 143)
         minutes = trainer.budget.elapsed / 60
         log.info("training stopped (%s) after %d updates, %.1f min", reason, trainer.update, minutes)
+        if cfg.auto.enabled and reason == "max_time" and rank == 0 and not resumed:  # the plan against the run
+            if warning := auto_setup.check_plan(run_dir, trainer.update, cfg.auto.probe):
+                log.warning(warning)
         if rank == 0:
             finish(trainer)
         distributed.wait_for_rank0()  # the other ranks wait for the test reports, then all leave together

@@ -347,3 +347,18 @@ def test_the_docs_grid_reads_the_rule():
     assert rows[3] == "| 29,000 | 8k, compact, short, 0.1 | 10k, compact, long, 0.3 |"
     # 3,600 pairs are seen under 45 times in 5 minutes (dropout 0.2), more often in 60 (FLoRes' regime)
     assert rows[2] == "| 3,600 | 4k, compact, short, 0.2 | 4k, compact, long, 0.3, FLoRes |"
+
+
+def test_a_run_far_from_its_plan_warns_that_the_probes_figures_are_not_the_machines(tmp_path, monkeypatch):
+    from mt.train import auto_setup
+
+    monkeypatch.setenv("MT_CACHE", str(tmp_path / "cache"))
+    assert auto_setup.check_plan(tmp_path, 1_400, probed=True) is None  # no auto.json: not an auto run
+    plan = {"key": "plan", "value": {"updates": 433, "epochs": 2.1}, "reason": "433 updates"}
+    (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan]}))
+    for made in (433, 330, 540):  # within a quarter of the plan
+        assert auto_setup.check_plan(tmp_path, made, probed=True) is None
+    warning = auto_setup.check_plan(tmp_path, 1_400, probed=True)  # the En->Fr run whose probe ran beside a job
+    assert warning.startswith("auto: the plan expected 433 updates in this budget and the run made 1,400 (3.23")
+    assert str(tmp_path / "cache" / "throughput.json") in warning and "delete that file" in warning
+    assert "set auto.probe=true" in auto_setup.check_plan(tmp_path, 300, probed=False)  # the table's figures

@@ -141,13 +141,13 @@ def test_plans_set_each_auto_runs_plan_against_the_updates_it_made(tmp_path, cap
     }
     (run / "auto.json").write_text(json.dumps(record))
     # 2,000 padded tokens an update at 4,000 a second: 0.5 s each; a 10-s validation at 100, a 12-s one at 200
-    rows = [
+    records = [
         {"kind": "train", "update": 100, "elapsed": 12.4 + 50, "tgt_tokens_per_s": 900.0},
         {"kind": "valid", "update": 100, "valid_s": 10.0},
         {"kind": "train", "update": 200, "elapsed": 12.4 + 100 + 10, "tgt_tokens_per_s": 900.0},
         {"kind": "valid", "update": 200, "valid_s": 12.0},
     ]
-    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     trials.plans(runs)  # seed 2 has no auto.json, the recipe is not auto's: neither is listed
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| emea")]
     measured = "12 | 5,000, 4,000 | 2, 11.0 | 44,000 |"  # the probe's point; the run's speed; 11 s at 4,000 tok/s
@@ -155,3 +155,7 @@ def test_plans_set_each_auto_runs_plan_against_the_updates_it_made(tmp_path, cap
     (run / "train.log").write_text("[t][train][INFO] - training stopped (max_time) after 225 updates, 20.0 min\n")
     trials.plans(runs)  # the train log's count, exact
     assert f"| emea_20.auto.s1 | 250 | 225 | 0.90 | 10.0 | 9.0 | {measured}" in capsys.readouterr().out
+    (run / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "valid_s"}) + "\n"
+                                               for r in records))  # fmt: skip
+    trials.plans(runs)  # without the validations' seconds the run's speed is unknown, not the validations counted in
+    assert "| emea_20.auto.s1 | 250 | 225 | 0.90 | 10.0 | 9.0 | 12 | 5,000, nan |  |  |" in capsys.readouterr().out

@@ -150,9 +150,12 @@ def measured(run: Path, record: dict) -> tuple[float, float, list[float]]:
     epoch = record["corpus"]["epochs"][str(tokens)]
     per_update = epoch["padded_tokens"] / epoch["batches"] * chosen(record, "train.accumulate", 1)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    valid = [r for r in rows if r.get("kind") == "valid"]
+    if not all("valid_s" in r for r in valid):  # a run from before validations recorded their seconds
+        return probe, float("nan"), []
     valid_s, last = [], None  # the last train record, and the validations' seconds before it
     for r in rows:
-        if r.get("kind") == "valid" and "valid_s" in r:
+        if r.get("kind") == "valid":
             valid_s.append(r["valid_s"])
         elif r.get("kind") == "train" and "elapsed" in r:
             last = (r["update"], r["elapsed"], sum(valid_s))
