@@ -358,7 +358,7 @@ def test_a_run_far_from_its_plan_warns_that_the_probes_figures_are_not_the_machi
     (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan]}))
     for made in (433, 330, 540):  # within a quarter of the plan
         assert auto_setup.check_plan(tmp_path, made, probed=True) is None
-    warning = auto_setup.check_plan(tmp_path, 1_400, probed=True)  # the En->Fr run whose probe ran beside a job
+    warning = auto_setup.check_plan(tmp_path, 1_400, probed=True)  # a plan from a probe made beside another job
     assert warning.startswith("auto: the plan expected 433 updates in this budget and the run made 1,400 (3.23")
     assert str(tmp_path / "cache" / "throughput.json") in warning and "delete that file" in warning
     assert "set auto.probe=true" in auto_setup.check_plan(tmp_path, 300, probed=False)  # the table's figures

@@ -153,8 +153,8 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
 def check_plan(run_dir: Path, made: int, probed: bool) -> str | None:
     """A warning for a run that train.max_time stopped far from the updates its plan expected (beyond
     PLAN_TOLERANCE), else None: the speeds the rule planned with were not the machine's. A probe made while another
-    job ran stays in the cache (seen: a third of the host's speed, a plan of 433 updates where 1,400 fit), and every
-    later run would plan from it."""
+    job ran stays in the cache (seen: under a third of the host's speed, a plan of 433 updates where the run alone
+    planned 1,594), and every later run would plan from it."""
     saved = run_dir / AUTO_FILE
     record = json.loads(saved.read_text()) if saved.is_file() else {}
     plan = next((c["value"] for c in record.get("choices", []) if c["key"] == PLAN), None)
