@@ -362,3 +362,5 @@ def test_a_run_far_from_its_plan_warns_that_the_probes_figures_are_not_the_machi
     assert warning.startswith("auto: the plan expected 433 updates in this budget and the run made 1,400 (3.23")
     assert str(tmp_path / "cache" / "throughput.json") in warning and "delete that file" in warning
     assert "set auto.probe=true" in auto_setup.check_plan(tmp_path, 300, probed=False)  # the table's figures
+    (tmp_path / "auto.json").write_text("{not json")
+    assert auto_setup.check_plan(tmp_path, 1_400, probed=True) is None  # unreadable: no warning, no traceback

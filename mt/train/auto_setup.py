@@ -156,7 +156,10 @@ def check_plan(run_dir: Path, made: int, probed: bool) -> str | None:
     job ran stays in the cache (seen: under a third of the host's speed, a plan of 433 updates where the run alone
     planned 1,594), and every later run would plan from it."""
     saved = run_dir / AUTO_FILE
-    record = json.loads(saved.read_text()) if saved.is_file() else {}
+    try:  # a warning only: an unreadable record must not cost the run its test reports
+        record = json.loads(saved.read_text()) if saved.is_file() else {}
+    except (OSError, ValueError):
+        return None
     plan = next((c["value"] for c in record.get("choices", []) if c["key"] == PLAN), None)
     if not plan or not plan.get("updates") or abs(made / plan["updates"] - 1) <= PLAN_TOLERANCE:
         return None
