@@ -99,9 +99,12 @@ def write_runs(tmp_path: Path, plan: list[tuple[str, int, str]]) -> Path:
 
 def test_the_table_scores_each_seed_and_pools_the_seeds(tmp_path, capsys):
     runs = write_runs(tmp_path, [(r, s, q) for s in (1, 2) for r, q in (("fairseq", "worse"), ("auto", "right"))])
+    stopped = "[t][train][INFO] - training stopped (max_time) after 215 updates, 20.0 min\n"
+    (trials.run_dir(runs, "emea_20", "auto", 1) / "train.log").write_text(stopped)
     trials.table(runs, plot=None)
     out = capsys.readouterr().out
     assert "| EMEA De->En | 20 | auto | 2 | 200 | 2,000 | 100.00 / 100.00 / 100.00 |" in out  # each seed's row
+    assert "| EMEA De->En | 20 | auto | 1 | 215 | 1,000 |" in out  # the log's count, past metrics.jsonl's last row
     pooled = next(line for line in out.splitlines() if "pooled" in line)
     assert pooled.startswith("| EMEA De->En | 20 | auto | 1+2 pooled |") and "100.00 |" in pooled
     summary = out.split("seeds pooled")[1].splitlines()

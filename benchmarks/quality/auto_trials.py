@@ -126,10 +126,14 @@ def cut(out: Path) -> None:
 
 
 def speed(run: Path) -> tuple[int, float]:
-    """Updates and the median target tokens/s the run logged."""
+    """The updates the run made and the median target tokens/s it logged. The updates are the count its log's
+    "training stopped" line gives (metrics.jsonl logs every few updates, so its last row can be short of the end)."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     rates = sorted(r["tgt_tokens_per_s"] for r in rows if r.get("kind") == "train")
-    return max((r.get("update", 0) for r in rows), default=0), rates[len(rates) // 2] if rates else float("nan")
+    log = run / "train.log"
+    stopped = re.search(r"training stopped \(.*\) after (\d+) updates", log.read_text()) if log.is_file() else None
+    logged = max((r.get("update", 0) for r in rows), default=0)  # a run from before the line
+    return int(stopped.group(1)) if stopped else logged, rates[len(rates) // 2] if rates else float("nan")
 
 
 def chosen(record: dict, key: str, default=None):
@@ -185,9 +189,7 @@ def plans(runs: Path) -> None:
         plan = chosen(choices, "plan")
         if plan is None:  # a run of the rule before it recorded its plan
             continue
-        log = run / "train.log"
-        stopped = re.search(r"training stopped \(.*\) after (\d+) updates", log.read_text()) if log.is_file() else None
-        made = int(stopped.group(1)) if stopped else speed(run)[0]  # else the last update logged
+        made = speed(run)[0]
         made_epochs = made * plan["epochs"] / plan["updates"] if plan["updates"] else 0.0
         probe, rate, valid_s = measured(run, choices)
         mean = sum(valid_s) / len(valid_s) if valid_s else float("nan")
