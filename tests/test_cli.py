@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import warm_start
 from tests.conftest import MULTI30K, ROOT, needs_multi30k, read_gz
 
 
 def run(args, input=None, check=True, timeout=600):
+    """`python ARGS` as a new process forked from a warm interpreter (tests/warm_start.py), its output as text."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"), "HYDRA_FULL_ERROR": "0"}
-    p = subprocess.run(
-        [sys.executable, *args], cwd=ROOT, input=input, capture_output=True, text=True, timeout=timeout, env=env
-    )
+    p = warm_start.shared(env, ROOT).run(args, input, timeout, text=True)
     if check and p.returncode != 0:
         raise AssertionError(f"{args} exited {p.returncode}:\n{p.stderr[-3000:]}")
     return p
@@ -235,17 +235,10 @@ def test_translate_bad_input_is_one_line(smoke_run, tmp_path, args, input, messa
     args = [a.replace("REFS", str(tmp_path / "refs.txt")) for a in args]
     if not any(a.startswith("checkpoint=") for a in args):
         args = [f"checkpoint={smoke_run}", *args]
-    env = {**os.environ}
-    p = subprocess.run(
-        [sys.executable, "translate.py", *args],
-        cwd=ROOT,
-        input=input if isinstance(input, bytes) else input.encode(),
-        capture_output=True,
-        env=env,
-    )
-    err = p.stderr.decode().strip().splitlines()
+    p = run(["translate.py", *args], input, check=False)
+    err = p.stderr.strip().splitlines()
     assert p.returncode == 2 and err[-1].startswith("error: ") and message in err[-1]
-    assert "Traceback" not in p.stderr.decode()
+    assert "Traceback" not in p.stderr
 
 
 def test_corrupt_checkpoint_is_one_line(tmp_path):

@@ -79,3 +79,20 @@ def test_two_starters_run_side_by_side(warm, tmp_path):
     for s in starters:
         s.close()
     assert [out[i].stdout for i in (0, 1)] == [b"0\n", b"1\n"]
+
+
+def test_a_child_has_the_threads_its_environment_asks_for(tmp_path):
+    """torch imported with OMP_NUM_THREADS=2 starts a thread, which would make forking unsafe: the server imports it
+    with one, and the child sets the two the environment asked for, as a cold start's torch has them."""
+    (tmp_path / "threads.py").write_text(
+        "import os, torch\nprint(torch.get_num_threads(), os.environ['OMP_NUM_THREADS'])\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    cold = subprocess.run([sys.executable, "threads.py"], cwd=tmp_path, capture_output=True, timeout=120, env=env)
+    starter = WarmStart(env, tmp_path, preload=("torch",))
+    try:
+        forked = starter.run(["threads.py"], timeout=120)
+    finally:
+        starter.close()
+    assert forked.returncode == cold.returncode == 0, forked.stderr.decode()[-1000:]
+    assert forked.stdout == cold.stdout == b"2 2\n"
