@@ -62,7 +62,7 @@ def write_split(data: Path, split: str, src: list[str], ref: list[str]) -> None:
 
 
 def test_a_peer_is_scored_against_the_untouched_references_as_this_project_scores(tmp_path):
-    from mt.evaluate.scoring import score
+    from mt.evaluate.report import score
 
     src = ["A dog runs.", "Two men talk.", "A child plays in the sand."]
     ref = ["Ein Hund rennt.", "Zwei Männer reden.", "Ein Kind spielt im Sand."]

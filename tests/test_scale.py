@@ -10,7 +10,7 @@ import pytest
 
 from mt.config import ConfigError
 from mt.data import corpus as corpus_module
-from mt.data import read
+from mt.data import files
 from mt.data.corpus import prepare_data, training_batches
 from mt.data.tokenizer import sample_pairs
 from tests.test_training import make_config
@@ -24,7 +24,7 @@ def test_second_run_reaches_training_without_reading_the_corpus(toy_corpus, tmp_
     def no_reading(path):
         raise AssertionError(f"{path} was read again")
 
-    monkeypatch.setattr(read, "open_binary", no_reading)
+    monkeypatch.setattr(files, "open_binary", no_reading)
     # A new run dir (another model on the same data): the tokenizer comes from the cache too.
     second = prepare_data(cfg, tmp_path / "run2", 128)
     assert second.train["src_ids"] == first.train["src_ids"] and second.train["tgt_ids"] == first.train["tgt_ids"]

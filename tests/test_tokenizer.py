@@ -10,7 +10,7 @@ from mt.config import DataConfig, DecodeConfig, TokenizerConfig
 from mt.data import read
 from mt.data.corpus import build_vocabs, tokenize
 from mt.data.tokenizer import BOS, EOS, PAD, UNK, Vocab, train_vocab
-from mt.evaluate import scoring
+from mt.evaluate import report, scoring
 from tests.conftest import MULTI30K, needs_multi30k
 
 
@@ -108,10 +108,10 @@ def test_a_lowercased_model_is_selected_by_lowercased_bleu(tmp_path, monkeypatch
     fake = lambda model, src_ids, *rest: [[SimpleNamespace(tokens=ids)] for ids in src_ids]  # noqa: E731
     monkeypatch.setattr(scoring, "translate_ids", fake)
     result = scoring.validation_bleu(None, ds, vocabs, DecodeConfig(), None, None)
-    cased = scoring.score(vocabs.tgt.decode_batch(list(ds["src_ids"])), refs)["bleu"]
+    cased = report.score(vocabs.tgt.decode_batch(list(ds["src_ids"])), refs)["bleu"]
     assert result["valid_bleu"] == 100.0 and (cased < 100.0) == lowercases
-    report = scoring.write_report(tmp_path, "val", refs, refs, refs, {}, vocabs.tgt.lowercases)
-    assert report.get("lowercased_model", False) == lowercases
+    written = report.write_report(tmp_path, "val", refs, refs, refs, {}, vocabs.tgt.lowercases)
+    assert written.get("lowercased_model", False) == lowercases
     assert ("The model lowercases" in (tmp_path / "val.report.md").read_text()) == lowercases
 
 

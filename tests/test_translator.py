@@ -15,6 +15,7 @@ import torch
 
 from mt.config import ConfigError, DecodeConfig
 from mt.decode.batched import translate_ids
+from tests import warm_start
 from tests.conftest import ROOT
 
 LINES = ["the cat sees a dog", "", "big red house and a tree", "a small dog runs"]
@@ -81,12 +82,20 @@ def test_the_entry_points_first_import_does_not_load_torch():
     assert p.returncode == 0 and "mt.decode.translator.Translator" in p.stdout, p.stderr[-1000:]
 
 
+def test_translating_and_comparing_do_not_import_datasets():
+    """`datasets` is a second and a half of a slow core's start-up that only reading corpora needs."""
+    code = "import sys, translate, serve, mt.evaluate.compare; assert 'datasets' not in sys.modules, 'imported'"
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-1000:]
+
+
 # ------------------------------------------------------------------ translate.py
 
 
-def translate(run, *args, input: str = "", timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "translate.py", f"checkpoint={run}", "device=cpu", *args], cwd=ROOT,
-                          input=input, capture_output=True, text=True, timeout=timeout)  # fmt: skip
+def translate(run, *args, input: str = "", timeout: int = 300) -> subprocess.CompletedProcess:
+    """translate.py as a new process forked from a warm interpreter (tests/warm_start.py), its output as text."""
+    starter = warm_start.shared({**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2")}, ROOT)
+    return starter.run(["translate.py", f"checkpoint={run}", "device=cpu", *args], input, timeout, text=True)
 
 
 def test_prefix_file(toy_run, tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt.evaluate.scoring import write_report  # noqa: E402
+from mt.evaluate.report import write_report  # noqa: E402
 
 COLUMNS = ("toolkit", "version", "params", "epochs", "train_tok_s", "bleu_lowercase", "bleu", "chrf", "sent_s")
 

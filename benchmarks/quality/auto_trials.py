@@ -200,7 +200,7 @@ def plans(runs: Path) -> None:
 
 
 def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> None:
-    from mt.data.read import read_lines
+    from mt.data.files import read_lines
     from mt.evaluate.compare import System, compare, split_references
 
     def read_hyps(path: Path) -> list[str]:

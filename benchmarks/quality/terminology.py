@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from mt.data.read import read_lines  # noqa: E402
+from mt.data.files import read_lines  # noqa: E402
 from mt.decode.terminology import Glossary  # noqa: E402
 from mt.decode.translator import Translator  # noqa: E402
 from mt.evaluate.compare import System, compare, markdown  # noqa: E402

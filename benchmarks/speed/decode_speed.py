@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from mt.config import DecodeConfig  # noqa: E402
-from mt.data import read  # noqa: E402
+from mt.data import files  # noqa: E402
 from mt.decode.batched import translate_ids  # noqa: E402
-from mt.evaluate.scoring import score  # noqa: E402
+from mt.evaluate.report import score  # noqa: E402
 from mt.model import saved  # noqa: E402
 from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 
@@ -42,7 +42,7 @@ def main() -> None:
     keep_freed_memory_in_the_heap()  # as translate.py does
     model, vocabs = saved.build_model(saved.load(args.checkpoint))
     model.eval()
-    lines = list(read.read_lines(Path(args.input)))[: args.limit]
+    lines = list(files.read_lines(Path(args.input)))[: args.limit]
     src_ids = vocabs.src.encode_batch(lines)
     configs = {}
     for name, k in (("greedy", 1), ("beam 5", 5)):
@@ -72,7 +72,7 @@ def main() -> None:
             f"{name:<20}{statistics.median(rates):>16.1f} [{min(rates):.1f}..{max(rates):.1f}]"
             f"{vs[0]:>12.2f}x{vs[1]:>15.2f}x"
         )
-    refs = list(read.read_lines(Path(args.references)))[: args.limit] if args.references else None
+    refs = list(files.read_lines(Path(args.references)))[: args.limit] if args.references else None
     for k in ("greedy", "beam 5"):
         same = outputs[f"{k} cached"] == outputs[f"{k} uncached"]
         agree = sum(a == b for a, b in zip(outputs[f"{k} cached"], outputs[f"{k} int8"]))

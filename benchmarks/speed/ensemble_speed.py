@@ -29,7 +29,7 @@ from mt.data import read  # noqa: E402
 from mt.decode.batched import translate_ids  # noqa: E402
 from mt.decode.loading import load_ensemble  # noqa: E402
 from mt.errors import USER_ERRORS  # noqa: E402
-from mt.evaluate.scoring import score  # noqa: E402
+from mt.evaluate.report import score  # noqa: E402
 from mt.model import saved  # noqa: E402
 from mt.runtime import keep_freed_memory_in_the_heap  # noqa: E402
 

@@ -45,7 +45,7 @@ from mt.config import DataConfig, DecodeConfig  # noqa: E402
 from mt.data import read  # noqa: E402
 from mt.decode.batched import translate_ids  # noqa: E402
 from mt.decode.ct2 import CTranslate2Model  # noqa: E402
-from mt.evaluate.scoring import score  # noqa: E402
+from mt.evaluate.report import score  # noqa: E402
 from mt.export.formats import write_ctranslate2  # noqa: E402
 from mt.export.hugging_face import export_transformers, generate_ids  # noqa: E402
 from mt.model import saved  # noqa: E402

@@ -8,7 +8,6 @@ streaming pass first, so bad input fails with the file and line instead of a tra
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import itertools
 import json
@@ -20,6 +19,7 @@ import datasets
 import numpy as np
 
 from mt.config import CorpusConfig, DataConfig
+from mt.data.files import find_split, read_lines
 from mt.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -28,52 +28,6 @@ PAIR_COLUMNS = ("src", "tgt")
 
 
 # --------------------------------------------------------------------------------------------- reading files
-
-
-def open_binary(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
-
-
-def read_lines(path: Path) -> Iterator[str]:
-    """Yield the lines of a UTF-8 text file (plain or gzipped) without their newline.
-
-    Lines are decoded one by one and strictly: bad bytes are reported with their line number, not silently
-    replaced.
-    """
-    lineno = 0
-    try:
-        with open_binary(path) as f:
-            for lineno, raw in enumerate(f, start=1):  # noqa: B007
-                yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
-    except UnicodeDecodeError as e:
-        raise DataError(
-            f"{path}:{lineno}: bytes that are not UTF-8 ({e.reason} at byte {e.start} of the line); "
-            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise DataError(f"{path}: not a readable gzip file ({e}); re-download or gunzip it") from None
-
-
-def read_bytes(path: Path) -> bytes:
-    """The whole content of a plain or gzipped file."""
-    try:
-        with open_binary(path) as f:
-            return f.read()
-    except (gzip.BadGzipFile, EOFError) as e:
-        raise DataError(f"{path}: not a readable gzip file ({e}); re-download or gunzip it") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot be read ({e.strerror}); check the path and its permissions") from None
-
-
-def _find(dir: Path, split: str, lang: str) -> Path:
-    """`{dir}/{split}.{lang}`, or the same with `.gz`."""
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        if (dir / name).is_file():
-            return dir / name
-    raise DataError(
-        f"{dir / f'{split}.{lang}'}[.gz]: no such file; check data.dir, the split name and the language "
-        f"(files there: {', '.join(sorted(p.name for p in dir.iterdir())[:12]) if dir.is_dir() else 'none'})"
-    )
 
 
 def _parallel_pairs(src_path: str, tgt_path: str, fingerprint: str) -> Iterator[dict]:
@@ -161,7 +115,7 @@ Reader = tuple[Callable[..., Iterator[dict]], dict]  # a generator of {"src", "t
 
 
 def _parallel_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
-    src_path, tgt_path = _find(dir, split, cfg.src_lang), _find(dir, split, cfg.tgt_lang)
+    src_path, tgt_path = find_split(dir, split, cfg.src_lang), find_split(dir, split, cfg.tgt_lang)
     kwargs = {"src_path": str(src_path), "tgt_path": str(tgt_path), "fingerprint": _fingerprint(src_path, tgt_path)}
     return _parallel_pairs, kwargs
 
@@ -320,16 +274,6 @@ def corpus_config(cfg: DataConfig, corpus: CorpusConfig) -> DataConfig:
 def cache_root(cfg: DataConfig) -> Path:
     """Where the tokenized corpora and BPE models of this machine are cached (`data.cache_dir` or datasets')."""
     return Path(cfg.cache_dir or datasets.config.HF_DATASETS_CACHE)
-
-
-def split_path(cfg: DataConfig, split: str, lang: str) -> Path | None:
-    """The raw local file of one side of a split (used as sacreBLEU reference), if the corpus is one."""
-    if cfg.format != "parallel" or cfg.dir is None or not Path(cfg.dir).is_dir():
-        return None
-    try:
-        return _find(Path(cfg.dir), split, lang)
-    except DataError:
-        return None
 
 
 # ------------------------------------------------------------------------------------------------- cleaning

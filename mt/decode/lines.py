@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mt.config import ConfigError, TranslateConfig
-from mt.data import read
+from mt.data import files
 from mt.data.tokenizer import Vocabs
 from mt.decode.search import Hypothesis
+from mt.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -23,8 +24,8 @@ def read_input(path: str, errors: str = "strict") -> list[str]:
     if path == "-":
         return split_lines(sys.stdin.buffer.read(), "stdin", errors)
     if not Path(path).is_file():
-        raise read.DataError(f"input={path}: no such file; give an existing file or - for stdin")
-    return split_lines(read.read_bytes(Path(path)), path, errors)
+        raise DataError(f"input={path}: no such file; give an existing file or - for stdin")
+    return split_lines(files.read_bytes(Path(path)), path, errors)
 
 
 def input_chunks(path: str, errors: str, size: int, indent: bool = False) -> Iterator[list[str]]:
@@ -36,9 +37,9 @@ def input_chunks(path: str, errors: str, size: int, indent: bool = False) -> Ite
     if path == "-":
         raw_lines, name = waiting_lines(sys.stdin.buffer.fileno()), "stdin"
     elif Path(path).is_file():
-        raw_lines, name = (read.open_binary(Path(path)), None), path
+        raw_lines, name = (files.open_binary(Path(path)), None), path
     else:
-        raise read.DataError(f"input={path}: no such file; give an existing file or - for stdin")
+        raise DataError(f"input={path}: no such file; give an existing file or - for stdin")
 
     def chunks() -> Iterator[list[str]]:
         chunk, replaced, lineno = [], 0, 0
@@ -52,7 +53,7 @@ def input_chunks(path: str, errors: str, size: int, indent: bool = False) -> Ite
                     yield chunk
                     chunk = []
         except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-            raise read.DataError(f"{name}:{lineno + 1}: cannot be read ({e}); check or re-create the file") from None
+            raise DataError(f"{name}:{lineno + 1}: cannot be read ({e}); check or re-create the file") from None
         if chunk:
             yield chunk
         if replaced:
@@ -95,7 +96,7 @@ def decode_line(raw: bytes, name: str, lineno: int, errors: str, indent: bool = 
         return raw.decode("utf-8").rstrip() if indent else raw.decode("utf-8").strip()
     except UnicodeDecodeError as e:
         if errors != "replace":
-            raise read.DataError(
+            raise DataError(
                 f"{name}:{lineno}: bytes that are not UTF-8 ({e.reason}); re-encode the input as UTF-8 "
                 "or set input_errors=replace"
             ) from None
@@ -152,20 +153,20 @@ class AlignedFile:
     def __init__(self, path: str, key: str = "prefix", what: str = "one prefix per input line"):
         self.path, self.key, self.what, self.read = path, key, what, 0
         if not Path(path).is_file():
-            raise read.DataError(f"{key}={path}: no such file; give {what}")
+            raise DataError(f"{key}={path}: no such file; give {what}")
         self.lines = input_chunks(path, "strict", 1)
 
     def take(self, n: int) -> list[str]:
         out = [line for _, [line] in zip(range(n), self.lines)]
         if len(out) < n:
-            raise read.DataError(f"{self.key}={self.path}: has {self.read + len(out)} lines but the input has more "
+            raise DataError(f"{self.key}={self.path}: has {self.read + len(out)} lines but the input has more "
                                  f"(line {self.read + len(out) + 1}); give {self.what}")  # fmt: skip
         self.read += n
         return out
 
     def finish(self) -> None:
         if next(self.lines, None) is not None:
-            raise read.DataError(f"{self.key}={self.path}: line {self.read + 1} has no input line (the input has "
+            raise DataError(f"{self.key}={self.path}: line {self.read + 1} has no input line (the input has "
                                  f"{self.read}); give {self.what}")  # fmt: skip
 
 

@@ -18,11 +18,12 @@ from functools import cache, cached_property
 from pathlib import Path
 
 from mt.config import ConfigError, DecodeConfig
-from mt.data import read
+from mt.data import files
 from mt.data.pretokenize import JOINER
 from mt.data.tokenizer import UNK, Vocab
 from mt.decode.constraints import Constraints
 from mt.decode.search import Hypothesis
+from mt.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +72,14 @@ class Glossary:
     def from_file(cls, path: str | Path, ignore_case: bool = False, key: str = "glossary") -> Glossary:
         """A TSV file: "source term<TAB>target term" per line; blank lines and lines starting with # are skipped."""
         if not Path(path).is_file():
-            raise read.DataError(f"{key}={path}: no such file; give a TSV file of source term<TAB>target term lines")
+            raise DataError(f"{key}={path}: no such file; give a TSV file of source term<TAB>target term lines")
         pairs = []
-        for n, line in enumerate(read.read_lines(Path(path)), start=1):
+        for n, line in enumerate(files.read_lines(Path(path)), start=1):
             if not line.strip() or line.startswith("#"):
                 continue
             cells = [c.strip() for c in line.rstrip("\n").split("\t")]
             if len(cells) != 2 or not all(cells):
-                raise read.DataError(f"{path}:{n}: expected 'source term<TAB>target term', got {line.strip()!r}")
+                raise DataError(f"{path}:{n}: expected 'source term<TAB>target term', got {line.strip()!r}")
             pairs.append((cells[0], cells[1], f"{path}:{n}"))
         return cls.from_pairs(pairs, ignore_case)
 

@@ -28,7 +28,8 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.significance import PairedTest, _bootstrap_resample, estimate_ci
 
 from mt.config import ConfigError, DataConfig
-from mt.data import read
+from mt.data import files
+from mt.errors import DataError
 
 METRICS = {"BLEU": lambda: BLEU(), "BLEU lc": lambda: BLEU(lowercase=True), "chrF": lambda: CHRF()}
 
@@ -43,7 +44,7 @@ class System:
 def _lines(path: Path, what: str) -> list[str]:
     if not path.is_file():
         raise ConfigError(f"{path}: no such file; give {what}")
-    return [line.strip() for line in read.read_lines(path)]
+    return [line.strip() for line in files.read_lines(path)]
 
 
 def _run_split(run: Path, split: str | None) -> Path:
@@ -71,7 +72,7 @@ def split_references(run: Path, split: str) -> Path:
         if split.endswith(f".{direction}"):
             base, lang = split.removesuffix(f".{direction}"), direction.split("-")[1]
     fields = {k: v for k, v in dc.items() if k in DataConfig.__dataclass_fields__ and k not in ("corpora",)}
-    path = read.split_path(DataConfig(**fields), base, lang)
+    path = files.split_path(DataConfig(**fields), base, lang)
     if path is None:
         raise ConfigError(f"{run}: no local file for the references of {split} ({dc.get('dir')}/{base}.{lang}); "
                           "give --refs FILE")  # fmt: skip
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
                                   "names)")  # fmt: skip
             refs_path = split_references(runs[0], args.split)
         result = compare(systems, _lines(refs_path, "the references (--refs)"), args.ar, args.samples)
-    except (ConfigError, read.DataError) as e:
+    except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     result["references"] = str(refs_path)

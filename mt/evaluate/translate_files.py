@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from mt.config import ConfigError, DataConfig, TranslateConfig
-from mt.data import read
+from mt.data import files
 from mt.data.tokenizer import Vocabs
 from mt.decode.lines import (
     AlignedFile,
@@ -25,8 +25,9 @@ from mt.decode.lines import (
 from mt.decode.search import Hypothesis
 from mt.decode.segment import refuse_with_split
 from mt.decode.terminology import Tally
+from mt.errors import DataError
 from mt.evaluate.plots import cross_attention, plot_attention
-from mt.evaluate.scoring import write_report
+from mt.evaluate.report import write_report
 
 log = logging.getLogger(__name__)
 
@@ -35,17 +36,17 @@ def read_references(spec: str, ckpt: dict, n: int, tgt_lang: str | None = None) 
     """References from a file, or from a split of the checkpoint's data config in `tgt_lang` (a multilingual model's
     target language; default: the run's target language); must have `n` lines."""
     if Path(spec).is_file():
-        refs, where = [line.strip() for line in read.read_lines(Path(spec))], spec
+        refs, where = [line.strip() for line in files.read_lines(Path(spec))], spec
     else:
         dc = DataConfig(**ckpt["config"]["data"])
         lang = tgt_lang or dc.tgt_lang
-        path = read.split_path(dc, spec, lang)
+        path = files.split_path(dc, spec, lang)
         if path is None:
             raise ConfigError(f"references={spec}: neither a file nor a split of the local corpus {dc.dir} in "
                               f"{lang} ({spec}.{lang}[.gz])")  # fmt: skip
-        refs, where = [line.strip() for line in read.read_lines(path)], str(path)
+        refs, where = [line.strip() for line in files.read_lines(path)], str(path)
     if len(refs) != n:
-        raise read.DataError(f"{where} has {len(refs)} lines but the input has {n}; give references for every line")
+        raise DataError(f"{where} has {len(refs)} lines but the input has {n}; give references for every line")
     return refs
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from mt.data import read
 from mt.decode.batched import encode_within_positions, translate_ids
 from mt.evaluate.plots import plot_curves
-from mt.evaluate.scoring import write_report
+from mt.evaluate.report import write_report
 from mt.model import saved
 from mt.train import checkpoint, finetune
 
