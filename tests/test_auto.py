@@ -12,7 +12,7 @@ import pytest
 
 from mt.config import Config, ConfigError, DataConfig
 from mt.train import auto_setup, probe
-from mt.train.auto import NOTE, PLAN, Budget, CorpusStats, Epoch, Speed, choose, grid, updates_in
+from mt.train.auto import NOTE, PLAN, Budget, Choice, CorpusStats, Epoch, Speed, choose, grid, updates_in
 from tests.conftest import ROOT
 
 MULTI30K = CorpusStats(29_000, 348_000, 330_000)  # Multi30k En->De's training split (words per side, rounded)
@@ -214,7 +214,7 @@ def test_the_command_line_wins_and_the_log_says_so(tmp_path, monkeypatch, caplog
     assert cfg.model.norm == "post" and cfg.train.lr == 5e-3  # the rule's
     log = caplog.text
     assert "model.dropout=0.25  (command line; the rule would set 0.3" in log
-    assert "tokenizer.vocab_size=500  (command line" in log and "model.norm=post  (" in log
+    assert "tokenizer.vocab_size=500  (command line" in log and "  model.norm=post, model.init=fairseq, " in log
     record = json.loads((tmp_path / "auto.json").read_text())
     assert "model.dropout" not in record["applied"] and "model.norm" in record["applied"]
     assert vocabularies == [500] and "measured: 120 batches an epoch" in log
@@ -225,6 +225,33 @@ def test_the_command_line_wins_and_the_log_says_so(tmp_path, monkeypatch, caplog
     cfg.train.max_time, cfg.auto.probe = 150, False  # a long budget at the probe table's speed
     auto_setup.configure(cfg, tmp_path / "again", [])
     assert vocabularies == [500, 10_000] and cfg.tokenizer.vocab_size == 10_000  # a long budget's
+
+
+def test_the_log_gives_a_shared_reason_once_and_the_plan_by_name():
+    plan = "400 updates of 2,500 tokens, ~6 epochs in 10 min"
+    choices = [
+        Choice(PLAN, {"updates": 400, "epochs": 6.0}, plan),
+        Choice("model.d_model", 128, f"shape 'compact': 3,600 pairs, {plan}"),
+        Choice("model.n_heads", 4, f"shape 'compact': 3,600 pairs, {plan}"),
+        Choice("train.max_tokens", 2_500, plan),
+        Choice("train.lr", 3e-3, "the short schedule"),
+        Choice("train.cooldown", 0.3, "the last 30% cools the lr to 0"),
+        Choice("model.dropout", 0.3, "~6 epochs"),
+        Choice("train.clip_norm", 1.0, "the short schedule"),
+        Choice(NOTE, None, "WARNING: a small corpus"),
+    ]
+    cfg = Config(data=DataConfig(name="toy"))
+    cfg.model.dropout = 0.25  # the command line's
+    applied = [c for c in choices if c.key not in (PLAN, NOTE, "model.dropout")]
+    assert auto_setup.block(choices, applied, cfg) == [
+        f"  plan: {plan}",
+        "  model.d_model=128, model.n_heads=4  (shape 'compact': 3,600 pairs, the plan)",
+        "  train.max_tokens=2500  (the plan)",
+        "  train.lr=0.003, train.clip_norm=1.0  (the short schedule)",
+        "  train.cooldown=0.3  (the last 30% cools the lr to 0)",
+        "  model.dropout=0.25  (command line; the rule would set 0.3: ~6 epochs)",
+        "  WARNING: a small corpus",
+    ]
 
 
 def test_the_epoch_is_measured_again_when_it_makes_the_budget_long_and_the_vocabulary_larger(tmp_path, monkeypatch):

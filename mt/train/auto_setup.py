@@ -129,18 +129,11 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
                   "speed": [[*point, rate] for point, rate in speed.points.items()], "device": str(device)}  # fmt: skip
         limit = f"{cfg.train.max_time:g} min" if cfg.train.max_time else f"{cfg.train.max_updates:,} updates"
         source = f"{stats.pairs:,} pairs ({stats.src_words:,} / {stats.tgt_words:,} words) in {limit}"
-    lines = [f"auto: the recipe for {source}:"]
-    applied = []
-    for c in choices:
-        if c.key in (NOTE, PLAN):
-            lines.append(f"  {'plan: ' if c.key == PLAN else ''}{c.reason}")
-            continue
-        if c.key in keys or c.key.split(".")[0] in groups:
-            lines.append(f"  {c.key}={_value(cfg, c.key)}  (command line; the rule would set {c.value}: {c.reason})")
-            continue
+    overridden = [c for c in choices if c.key in keys or c.key.split(".")[0] in groups]
+    applied = [c for c in choices if c.key not in (NOTE, PLAN) and c not in overridden]
+    lines = [f"auto: the recipe for {source}:", *block(choices, applied, cfg)]
+    for c in applied:
         set_key(cfg, c.key, c.value)
-        applied.append(c)
-        lines.append(f"  {c.key}={c.value}  ({c.reason})")
     for line in lines:
         (log.warning if "WARNING" in line else log.info)(line)
     record["choices"] = [vars(c) for c in choices]
@@ -148,6 +141,27 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
     run_dir.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(record, indent=1) + "\n")
     return cfg
+
+
+def block(choices: list[Choice], applied: list[Choice], cfg: Config) -> list[str]:
+    """The log's lines for the rule's choices: the plan and notes as they are, the keys that share a reason on one
+    line (the plan's text, which several reasons repeat, shortened to "the plan"), each key the command line set on
+    its own line with the value the rule would have set."""
+    plan = next((c.reason for c in choices if c.key == PLAN), None)
+    rows: list[tuple[list[str], str]] = []  # (keys=values, reason): a reason's list grows with each key it explains
+    by_reason: dict[str, list[str]] = {}
+    for c in choices:
+        reason = c.reason.replace(plan, "the plan") if plan and c.key != PLAN else c.reason
+        if c.key in (NOTE, PLAN):
+            rows.append(([], f"plan: {reason}" if c.key == PLAN else reason))
+        elif c not in applied:
+            rows.append(([f"{c.key}={_value(cfg, c.key)}"], f"command line; the rule would set {c.value}: {reason}"))
+        elif reason in by_reason:
+            by_reason[reason].append(f"{c.key}={c.value}")
+        else:
+            by_reason[reason] = [f"{c.key}={c.value}"]
+            rows.append((by_reason[reason], reason))
+    return [f"  {', '.join(keys)}  ({reason})" if keys else f"  {reason}" for keys, reason in rows]
 
 
 def check_plan(run_dir: Path, made: int, probed: bool) -> str | None:
