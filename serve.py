@@ -9,9 +9,10 @@ Needs the `serve` extra (pip install -e ".[serve]": FastAPI, uvicorn, limits, pr
 import sys
 
 from mt.cli import check_command_line
+from mt.config_checks import to_dataclass
 
-if __name__ == "__main__":  # a bad override answers before torch loads
-    check_command_line("serve")
+if __name__ == "__main__":  # a bad override or value answers before torch loads
+    check_command_line("serve", check=to_dataclass)
 
 import logging
 
@@ -20,7 +21,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from mt.config import ConfigError, ServeConfig, register_configs
-from mt.config_checks import to_dataclass
 from mt.errors import USER_ERRORS
 from mt.runtime import prefer_expandable_segments
 

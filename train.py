@@ -7,9 +7,10 @@ Multi-GPU or multi-process CPU: `torchrun --nproc_per_node=N train.py ...`.
 import sys
 
 from mt.cli import check_command_line
+from mt.config_checks import to_dataclass
 
-if __name__ == "__main__":  # a bad override answers before torch and datasets load
-    check_command_line("config")
+if __name__ == "__main__":  # a bad override or value answers before torch and datasets load
+    check_command_line("config", check=to_dataclass)
 
 import logging
 import time
@@ -22,7 +23,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from mt.train import auto_setup, distributed, finetune
 from mt.config import register_configs
-from mt.config_checks import to_dataclass
 from mt.data.corpus import prepare_data
 from mt.errors import USER_ERRORS
 from mt.train.finish import finish

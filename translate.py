@@ -14,9 +14,10 @@ Only translations go to stdout; logs and the score go to stderr (and report.json
 import sys
 
 from mt.cli import check_command_line
+from mt.config_checks import to_dataclass
 
-if __name__ == "__main__":  # a bad override answers before torch loads
-    check_command_line("translate")
+if __name__ == "__main__":  # a bad override or value answers before torch loads
+    check_command_line("translate", check=to_dataclass)
 
 import logging
 
@@ -26,7 +27,6 @@ from omegaconf import DictConfig
 
 from mt.model import saved
 from mt.config import TranslateConfig, register_configs
-from mt.config_checks import to_dataclass
 from mt.errors import USER_ERRORS
 from mt.decode.loading import glossary_of, run_decode_settings
 from mt.evaluate.translate_files import translate_stream, translate_whole

@@ -2,21 +2,23 @@
 
 Hydra reports a misspelt or ill-typed override, an unknown config option or a missing mandatory value in several
 lines and exits with 1. `check_command_line` composes the same config first and turns such an error into one line
-naming the key, with exit code 2 like every other user error here.
+naming the key, with exit code 2 like every other user error here; given the entry point's checks of the values
+(mt/config_checks.py), it runs them too, so that a value the code cannot use answers before torch and datasets load.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from mt.config import Config, ServeConfig, TranslateConfig, register_configs
+from mt.config import Config, ConfigError, ServeConfig, TranslateConfig, register_configs
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 
@@ -33,9 +35,11 @@ def one_line(e: BaseException) -> str:
     return ": ".join(parts)
 
 
-def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
-    """Compose `config_name` with the command line's overrides; on an error print one line and exit 2. Flags
-    (`--help`, `--cfg job`, `-m`) are left to Hydra."""
+def check_command_line(
+    config_name: str, argv: list[str] | None = None, check: Callable[[DictConfig], object] | None = None
+) -> None:
+    """Compose `config_name` with the command line's overrides, then run `check` on it (the entry point's
+    `to_dataclass`); on an error print one line and exit 2. Flags (`--help`, `--cfg job`, `-m`) are left to Hydra."""
     args = sys.argv[1:] if argv is None else argv
     if any(a.startswith("-") for a in args):
         return
@@ -53,3 +57,9 @@ def check_command_line(config_name: str, argv: list[str] | None = None) -> None:
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         print(f"error: {one_line(e)}; fix the command line (--cfg job prints every key)", file=sys.stderr)
         sys.exit(2)
+    if check is not None:
+        try:
+            check(cfg)
+        except ConfigError as e:  # the line the job itself would print (train.py's USER_ERRORS)
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)

@@ -417,6 +417,41 @@ def test_torchrun_resume_is_exact_on_every_rank(toy_corpus, tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
+# An entry point run in this interpreter, as `python ARGS` would run it; prints its exit code and which of the heavy
+# libraries it had loaded when it exited.
+ENTRY = """
+import runpy, sys
+args = sys.argv[1:]
+try:
+    if args[0] == "-m":
+        sys.argv = ["-m", *args[2:]]
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = args
+        runpy.run_path(args[0], run_name="__main__")
+except SystemExit as e:
+    print(e.code, *[m for m in ("torch", "datasets") if m in sys.modules])
+"""
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["train.py", "model.dropout=1.5", "run_dir={run}"], "error: model.dropout=1.5 is a probability"),
+        (["-m", "mt.prepare", "data.max_len=0", "run_dir={run}"], "error: data.max_len=0 is below its minimum 1"),
+        (["translate.py", "checkpoint=x", "stream_lines=0"], "error: stream_lines=0 is below its minimum 1"),
+        (["serve.py", "checkpoint=x", "port=70000"], "error: port=70000 is outside 0-65535"),
+    ],
+    ids=["train", "prepare", "translate", "serve"],
+)
+def test_a_value_the_code_cannot_use_answers_before_torch_loads(tmp_path, args, expected):
+    args = [a.replace("{run}", str(tmp_path / "run")) for a in args]
+    p = subprocess.run([sys.executable, "-c", ENTRY, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.stdout.split() == ["2"], (p.stdout, p.stderr[-1000:])  # exit 2, neither torch nor datasets loaded
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(expected), p.stderr[-1000:]
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_failed_start_leaves_no_stray_run_dir(tmp_path):
     """Before: `train.init_from=runs/en_de` (a run nothing had made) failed but left runs/emea with Hydra's files. Now
     a run dir holding only what Hydra wrote for the failed command is removed; one with anything else stays."""

@@ -9,9 +9,10 @@ seconds, so the preparation of a WMT-size corpus can run as its own job, on one 
 import sys
 
 from mt.cli import CONF, check_command_line
+from mt.config_checks import to_dataclass
 
-if __name__ == "__main__":  # a bad override answers before torch and datasets load
-    check_command_line("config")
+if __name__ == "__main__":  # a bad override or value answers before torch and datasets load
+    check_command_line("config", check=to_dataclass)
 
 import logging
 import time
@@ -22,7 +23,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from mt.config import register_configs
-from mt.config_checks import to_dataclass
 from mt.data.corpus import prepare_data
 from mt.errors import USER_ERRORS
 
