@@ -238,7 +238,7 @@ def test_the_log_gives_a_shared_reason_once_and_the_plan_by_name():
         Choice("train.cooldown", 0.3, "the last 30% cools the lr to 0"),
         Choice("model.dropout", 0.3, "~6 epochs"),
         Choice("train.clip_norm", 1.0, "the short schedule"),
-        Choice(NOTE, None, "WARNING: a small corpus"),
+        Choice(NOTE, None, f"WARNING: the budget holds {plan}: less than one pass"),
     ]
     cfg = Config(data=DataConfig(name="toy"))
     cfg.model.dropout = 0.25  # the command line's
@@ -250,7 +250,7 @@ def test_the_log_gives_a_shared_reason_once_and_the_plan_by_name():
         "  train.lr=0.003, train.clip_norm=1.0  (the short schedule)",
         "  train.cooldown=0.3  (the last 30% cools the lr to 0)",
         "  model.dropout=0.25  (command line; the rule would set 0.3: ~6 epochs)",
-        "  WARNING: a small corpus",
+        f"  WARNING: the budget holds {plan}: less than one pass",  # a warning keeps its figures
     ]
 
 

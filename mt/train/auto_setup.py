@@ -151,7 +151,7 @@ def block(choices: list[Choice], applied: list[Choice], cfg: Config) -> list[str
     rows: list[tuple[list[str], str]] = []  # (keys=values, reason): a reason's list grows with each key it explains
     by_reason: dict[str, list[str]] = {}
     for c in choices:
-        reason = c.reason.replace(plan, "the plan") if plan and c.key != PLAN else c.reason
+        reason = c.reason.replace(plan, "the plan") if plan and c.key not in (NOTE, PLAN) else c.reason  # a note whole
         if c.key in (NOTE, PLAN):
             rows.append(([], f"plan: {reason}" if c.key == PLAN else reason))
         elif c not in applied:
