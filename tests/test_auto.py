@@ -1,6 +1,7 @@
 """`+experiment=auto`: the rule as a pure function (corpus, budget, speed) -> settings, the command line winning over
 it, the probe's cache, and a run that trains with it."""
 
+import dataclasses
 import json
 import logging
 import math
@@ -391,3 +392,86 @@ def test_a_run_far_from_its_plan_warns_that_the_probes_figures_are_not_the_machi
     assert "set auto.probe=true" in auto_setup.check_plan(tmp_path, 300, probed=False)  # the table's figures
     (tmp_path / "auto.json").write_text("{not json")
     assert auto_setup.check_plan(tmp_path, 1_400, probed=True) is None  # unreadable: no warning, no traceback
+
+
+def test_the_sample_stands_for_equal_shares_of_the_epochs_padded_tokens(monkeypatch):
+    monkeypatch.setattr(auto_setup, "SAMPLE_BATCHES", 3)
+    # One sentence a batch, n tokens a side: n padded tokens, 45 in all; the shares' midpoints at 7.5, 22.5, 37.5.
+    batches = [([n], [n]) for n in (5, 1, 9, 3, 7, 2, 8, 4, 6)]
+    assert auto_setup.sample(batches) == (((4,), (4,)), ((7,), (7,)), ((9,), (9,)))
+    # A batch of long sentences holding most of an epoch's tokens stands for most of them.
+    batches = [([1, 1], [2, 2]), ([2], [1]), ([40, 30], [50, 44])]
+    assert auto_setup.sample(batches) == (((40, 30), (50, 44)),) * 3
+    assert auto_setup._padded(([40, 30], [50, 44])) == 90.0
+
+
+def test_the_probes_corpus_batches_are_padded_as_the_corpus_is():
+    import torch
+
+    from mt.data.tokenizer import PAD
+
+    src, src_pad, tgt_in, tgt_out = probe._made_up((3, 1), (2, 4), 50, torch.device("cpu"))
+    assert src.shape == (2, 3) and tgt_in.shape == tgt_out.shape == (2, 4)
+    assert src_pad.tolist() == [[False, False, False], [False, True, True]]
+    assert (src[src_pad] == PAD).all() and (src[~src_pad] >= 4).all()
+    assert (tgt_in[0, 2:] == PAD).all() and (tgt_out[0, 2:] == PAD).all() and (tgt_out[1] >= 4).all()
+    tiny = {"d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 1}
+    trial = probe._Trial(tiny, torch.device("cpu"), "fp32", 64, False, [((3, 1), (2, 4)), ((5,), (6,))])
+    assert trial.tokens == [2 * (3 + 4) / 2, 1 * (5 + 6) / 2]  # auto.Epoch's unit
+    assert probe._Trial(tiny, torch.device("cpu"), "fp32", 64, False).tokens == [2_048 // 24 * 24]  # TABLE's
+    assert probe.measure_factor(("compact", 64, False), tiny, torch.device("cpu"), "fp32", [((3, 1), (2, 4))]) > 0
+
+
+def test_the_batch_factor_is_measured_once_per_point_and_sample(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("MT_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(probe, "measure_factor", lambda point, shape, device, precision, shapes: calls.append(
+        (point, shapes)) or 0.8)  # fmt: skip
+    cpu, shape = torch.device("cpu"), auto_setup.SHAPES["compact"]
+    one, other = [((3, 1), (2, 4))], [((30, 10), (20, 40))]
+    assert probe.batch_factor(("compact", 4_000, True), shape, cpu, "fp32", one) == 0.8
+    assert probe.batch_factor(("compact", 4_000, True), shape, cpu, "fp32", one) == 0.8 and len(calls) == 1  # cached
+    probe.batch_factor(("compact", 4_000, True), shape, cpu, "fp32", other)  # another corpus's batches
+    probe.batch_factor(("compact", 4_000, False), shape, cpu, "fp32", one)  # another point
+    assert len(calls) == 3 and len(json.loads((tmp_path / "throughput.json").read_text())) == 3
+
+
+# KDE4's 4,500 pairs in 20 minutes on an AMD EPYC Zen 4 (2026-12-02): the probe read 6,960 and 6,232 padded tokens/s
+# (without and with FLoRes' extras) and the plan, ~49 epochs, took FLoRes' regime; the run trained at 4,950 and saw
+# ~41 epochs, where dropout 0.2 without the extras is the rule's choice (docs/experiments/auto.md).
+KDE4 = CorpusStats(4_500, 53_061, 56_128, {2_500: Epoch(73, 138_293, ((((5, 9), (7, 8)),))), 4_096: Epoch(47, 145_492)})
+KDE4_Z4 = Speed({("compact", 4_000, False): 6_960.0, ("compact", 4_000, True): 6_232.0})
+
+
+def test_the_plan_runs_at_the_corpus_batches_speed_and_keeps_the_regime_the_run_reaches(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: dataclasses.replace(KDE4, epochs={}))
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: KDE4.epochs)
+    monkeypatch.setattr(auto_setup.probe, "throughput", lambda points, *args: dict(KDE4_Z4.points))
+    factors = []
+    monkeypatch.setattr(auto_setup.probe, "batch_factor", lambda point, shape, device, precision, shapes:
+                        factors.append((point, shapes)) or 0.8)  # fmt: skip
+    uncorrected = settings(KDE4, Budget(minutes=20), KDE4_Z4)
+    assert uncorrected["model.dropout"] == 0.3 and uncorrected["model.attention_dropout"] == 0.1  # FLoRes' regime
+    cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
+    cfg.train.max_time = 20
+    with caplog.at_level(logging.INFO):
+        auto_setup.configure(cfg, tmp_path, [])
+    assert factors == [(("compact", 4_000, True), [[(5, 9), (7, 8)]])]  # the point the probe's figures chose
+    assert cfg.model.dropout == 0.2 and cfg.model.attention_dropout == 0.0 and cfg.train.label_smoothing == 0.1
+    record = json.loads((tmp_path / "auto.json").read_text())
+    assert record["batch_factor"] == 0.8 and "shapes" not in record["corpus"]["epochs"]["2500"]
+    assert ["compact", 4_000, False, 6_960.0 * 0.8] in record["speed"]
+    assert "speed: the probe's figures x 0.80, the corpus's batches timed against its made-up ones" in caplog.text
+    plan = next(c["value"] for c in record["choices"] if c["key"] == PLAN)
+    assert 38 < plan["epochs"] < 45  # the run saw ~41
+
+
+def test_a_plan_without_the_probe_or_a_sample_keeps_the_probes_figures(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(auto_setup.probe, "batch_factor", lambda *args: pytest.fail("no sample: nothing to time"))
+    choices = choose(KDE4, Budget(minutes=20), KDE4_Z4)
+    unsampled = dataclasses.replace(KDE4, epochs={2_500: Epoch(73, 138_293)})
+    assert auto_setup.corrected(KDE4_Z4, choices, unsampled, torch.device("cpu"), "fp32") == (KDE4_Z4, 1.0)

@@ -178,7 +178,8 @@ def plans(runs: Path) -> None:
     from mt.train.auto import VALIDATION_TOKENS
 
     print("| run | planned updates | made | made / planned | planned epochs | made epochs | time before training, s "
-          "| padded tok/s: probe, run | validations, mean s | a validation in padded tokens "
+          "| padded tok/s: planned at (the probe x its batch factor), run | validations, mean s "
+          "| a validation in padded tokens "
           f"(charged {VALIDATION_TOKENS:,}) |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
     for run in sorted(runs.glob("*.auto.s*")):

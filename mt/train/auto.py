@@ -117,6 +117,10 @@ class Epoch:
 
     batches: float
     padded_tokens: float
+    # A few of the epoch's batches, each standing for an equal share of its padded tokens: their sentences' source
+    # and target lengths, which the probe times against its made-up batches (auto_setup.SAMPLE_BATCHES,
+    # probe.batch_factor). Not read by the rule.
+    shapes: tuple = field(default=(), compare=False, repr=False)
 
 
 @dataclass(frozen=True)

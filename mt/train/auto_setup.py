@@ -9,7 +9,10 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+import numpy as np
 
 from mt.config import Config, ConfigError
 from mt.data import read
@@ -36,6 +39,10 @@ log = logging.getLogger(__name__)
 # made / planned updates beyond 1 +- this: train.py warns (check_plan). The seventh change's plans: 0.93-1.03 of the
 # updates made (docs/experiments/auto.md); the plan before it, 0.82.
 PLAN_TOLERANCE = 0.25
+# Batches of an epoch the probe times against its made-up ones (probe.batch_factor): each stands for an equal share
+# of the epoch's padded tokens. Six rounds of them and of the made-up batch take ~10 s on a 2-vCPU EPYC (KDE4).
+SAMPLE_BATCHES = 6
+SAMPLE_SEED = 0  # the sample's batches are formed with this seed: every seed of a run reads one cached factor
 
 AUTO_FILE = "auto.json"
 GROUPS = ("data", "tokenizer", "model", "train", "decode")
@@ -68,17 +75,48 @@ def corpus_stats(cfg: Config) -> CorpusStats:
 
 def measure_epochs(cfg: Config, run_dir: Path) -> dict[int, Epoch]:
     """An epoch of the training data as `cfg` tokenizes it (BPE trained and the corpus tokenized now, in the caches
-    training then reads), cut by the batcher at each of the rule's batch sizes."""
+    training then reads), cut by the batcher at each of the rule's batch sizes, with a sample of its batches."""
     corpus = prepare_data(cfg, run_dir, cfg.model.max_positions)
     out = {}
     for max_tokens in BATCH_TOKENS:
-        sampler = make_sampler(corpus.train_lengths, max_tokens, cfg.train.seed, True, formation=cfg.data.batching)
-        sampler.mix = corpus.mix.epoch_rows if corpus.mix is not None else None
-        batches = sampler.batches()
-        src, tgt = sampler.src_lens, sampler.tgt_lens
-        padded = sum(len(b) * int(src[b].max() + tgt[b].max()) for b in batches) / 2
-        out[max_tokens] = Epoch(len(batches), padded)
+        epochs = []  # the run's batches, and the sample's (SAMPLE_SEED's)
+        for seed in dict.fromkeys((cfg.train.seed, SAMPLE_SEED)):
+            sampler = make_sampler(corpus.train_lengths, max_tokens, seed, True, formation=cfg.data.batching)
+            sampler.mix = corpus.mix.epoch_rows if corpus.mix is not None else None
+            epochs.append([(sampler.src_lens[b], sampler.tgt_lens[b]) for b in sampler.batches()])
+        out[max_tokens] = Epoch(len(epochs[0]), sum(map(_padded, epochs[0])), sample(epochs[-1]))
     return out
+
+
+def _padded(batch: tuple[Sequence[int], Sequence[int]]) -> float:
+    """A batch's padded tokens: its sentences x its longest source and target, the two sides averaged."""
+    src, tgt = batch
+    return len(src) * (int(np.max(src)) + int(np.max(tgt))) / 2
+
+
+def sample(batches: list[tuple[Sequence[int], Sequence[int]]]) -> tuple:
+    """SAMPLE_BATCHES of `batches`, shortest to longest, at the midpoints of equal shares of their padded tokens
+    (their sentences' lengths)."""
+    ranked = sorted(batches, key=lambda b: int(np.max(b[0])) + int(np.max(b[1])))
+    total, edge, picked = sum(map(_padded, ranked)), 0.0, []
+    for src, tgt in ranked:
+        edge += _padded((src, tgt))
+        while len(picked) < SAMPLE_BATCHES and edge >= (len(picked) + 0.5) / SAMPLE_BATCHES * total:
+            picked.append((tuple(int(n) for n in src), tuple(int(n) for n in tgt)))
+    return tuple(picked)
+
+
+def corrected(speed: Speed, choices: list[Choice], stats: CorpusStats, device, precision: str) -> tuple[Speed, float]:
+    """`speed` times the corpus's batches' speed over the probe's made-up batches (probe.batch_factor), measured at
+    the point and the batch size `choices` take; unchanged where the epoch has no sample."""
+    chosen = {c.key: c.value for c in choices}
+    epoch = stats.epochs.get(chosen["train.max_tokens"])
+    if epoch is None or not epoch.shapes:
+        return speed, 1.0
+    shape = next(name for name, dims in SHAPES.items() if dims["d_model"] == chosen["model.d_model"])
+    point = (shape, chosen["tokenizer.vocab_size"], bool(chosen["model.attention_dropout"]))
+    factor = probe.batch_factor(point, SHAPES[shape], device, precision, [list(b) for b in epoch.shapes])
+    return Speed({p: rate * factor for p, rate in speed.points.items()}), factor
 
 
 def budget(cfg: Config, job_start: float | None = None) -> Budget:
@@ -110,7 +148,8 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
         device = pick_device(cfg.train.device)
         precision = cfg.train.precision if cfg.train.precision in ("bf16", "fp16") else "fp32"
         points = {point: SHAPES[point[0]] for point in probe_points(stats.pairs)}
-        speed = Speed(probe.throughput(points, device, precision, cfg.auto.probe))
+        speed = probed = Speed(probe.throughput(points, device, precision, cfg.auto.probe))
+        factor = 1.0
         planned = budget(cfg, job_start)
         choices = choose(stats, planned, speed)
         measured_at = None  # the epoch measured with the rule's vocabulary (a parent's: estimated)
@@ -124,14 +163,23 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
             stats = dataclasses.replace(stats, epochs=measure_epochs(trial, run_dir))
             measured_at = trial.tokenizer.vocab_size
             planned = budget(cfg, job_start)  # less what BPE and the tokenized cache took
+            if cfg.auto.probe:  # the probe's figures at the corpus's own batches
+                speed, factor = corrected(probed, choose(stats, planned, probed), stats, device, precision)
+                planned = budget(cfg, job_start)  # less the factor's seconds
             choices = choose(stats, planned, speed)
         record = {"corpus": dataclasses.asdict(stats), "budget": vars(planned),
-                  "speed": [[*point, rate] for point, rate in speed.points.items()], "device": str(device)}  # fmt: skip
+                  "speed": [[*point, rate] for point, rate in speed.points.items()], "batch_factor": factor,
+                  "device": str(device)}  # fmt: skip
+        for epoch in record["corpus"]["epochs"].values():
+            epoch.pop("shapes", None)  # the sample's lengths: the factor stands for them
         limit = f"{cfg.train.max_time:g} min" if cfg.train.max_time else f"{cfg.train.max_updates:,} updates"
         source = f"{stats.pairs:,} pairs ({stats.src_words:,} / {stats.tgt_words:,} words) in {limit}"
     overridden = [c for c in choices if c.key in keys or c.key.split(".")[0] in groups]
     applied = [c for c in choices if c.key not in (NOTE, PLAN) and c not in overridden]
     lines = [f"auto: the recipe for {source}:", *block(choices, applied, cfg)]
+    if record.get("batch_factor", 1.0) != 1.0:
+        lines.insert(1, f"  speed: the probe's figures x {record['batch_factor']:.2f}, the corpus's batches timed "
+                        "against its made-up ones")  # fmt: skip
     for c in applied:
         set_key(cfg, c.key, c.value)
     for line in lines:

@@ -10,10 +10,19 @@ loss, backward, Adam) on made-up batches of 2,048 padded tokens (sentences of 24
 `~/.cache/mt`)/throughput.json under the machine (CPU model, family and vector extensions, or GPU name), device,
 precision, threads, torch version and point. With `auto.probe=false`, or where the probe cannot run, the rule reads
 `TABLE`: this probe's figures on one 2-vCPU AMD EPYC.
+
+A corpus's own batches train at another speed than those made-up ones: slower where its batches hold long sentences
+(self- and cross-attention grow with the length), faster where its targets are padded (the loss skips padding rows).
+`batch_factor` times a sample of the corpus's batches (their shapes, made-up tokens) against the made-up batches,
+interleaved in one process so that a shared host's drift moves both alike, and the plan scales every point's speed
+by it. Measured on KDE4 (4,500 pairs with a long tail of segments, its 4k-BPE batches 67 tokens long on average,
+weighted by their tokens): the probe read 21-26% above the run's speed on an AMD EPYC Zen 4 and an Intel Xeon with
+AMX, and the plan took FLoRes' regime for ~49 epochs the run did not reach (~41: docs/experiments/auto.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -25,6 +34,7 @@ import torch
 
 from mt import runtime
 from mt.config import ModelConfig
+from mt.data.tokenizer import PAD
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +43,8 @@ EXTRAS_DROPOUT = 0.1  # the rule's FLoRes extras (auto.py): attention and activa
 # CPU flags that change how fast torch trains: a "model name" alone does not tell a Zen 3 (AVX2) from a Zen 4.
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 Point = tuple[str, int, bool]  # (shape name, BPE vocabulary, FLoRes' extras)
+Shape = tuple[tuple[int, ...], tuple[int, ...]]  # a batch's source and target lengths, sentence by sentence
+FACTOR_ROUNDS = 3  # rounds of the sample's batches (and STEPS made-up updates) `batch_factor` times
 # Padded batch tokens per second of every point the rule may ask for: `measure_points` on a 2-vCPU AMD EPYC Zen 3
 # (AVX2, no AVX-512), fp32, two threads, torch 2.13.0, 2026-12-01 (`python -m mt.train.probe` prints them).
 TABLE: dict[Point, float] = {
@@ -79,9 +91,11 @@ def cache_key(point: Point, shape: dict, device: torch.device, precision: str) -
 
 
 class _Trial:
-    """One point's model, optimizer and made-up batch, timed update by update."""
+    """One point's model, optimizer and made-up batches, timed update by update: one batch of TOKENS // SENTENCE
+    sentences of SENTENCE tokens, or batches of `shapes` (made-up tokens, padded as the corpus's batches are)."""
 
-    def __init__(self, shape: dict, device: torch.device, precision: str, vocab: int, extras: bool):
+    def __init__(self, shape: dict, device: torch.device, precision: str, vocab: int, extras: bool,
+                 shapes: list[Shape] | None = None):  # fmt: skip
         from mt.model.transformer import Transformer
 
         torch.manual_seed(0)
@@ -89,28 +103,50 @@ class _Trial:
         mc = ModelConfig(name="probe", **shape, attention_dropout=inner, activation_dropout=inner)
         self.model = Transformer(mc, vocab, vocab).to(device).train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
-        rows = TOKENS // SENTENCE
-        self.src = torch.randint(4, vocab, (rows, SENTENCE), device=device)
-        self.tgt = torch.randint(4, vocab, (rows, SENTENCE + 1), device=device)
-        self.pad = torch.zeros_like(self.src, dtype=torch.bool)
+        if shapes is None:  # padded tokens a batch: its source tokens (TABLE's and the cache's unit)
+            rows = TOKENS // SENTENCE
+            shapes = [((SENTENCE,) * rows, (SENTENCE,) * rows)]
+            self.tokens = [float(rows * SENTENCE)]
+        else:  # its sentences x its longest source and target, the two sides averaged (auto.Epoch's unit)
+            self.tokens = [len(src) * (max(src) + max(tgt)) / 2 for src, tgt in shapes]
+        self.batches = [_made_up(src, tgt, vocab, device) for src, tgt in shapes]
         self.device, self.dtype = device, {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
-        self.update()  # untimed: the first update allocates
+        for batch in self.batches:  # untimed: the first update of each shape allocates
+            self.update(batch)
 
-    def update(self) -> None:
+    def update(self, batch: tuple[torch.Tensor, ...]) -> None:
+        src, pad, tgt_in, tgt_out = batch
         with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype is not None):
-            loss, _ = self.model.loss(self.src, self.pad, self.tgt[:, :-1], self.tgt[:, 1:], 0.1)
+            loss, _ = self.model.loss(src, pad, tgt_in, tgt_out, 0.1)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
 
-    def rate(self, steps: int) -> float:
-        """Padded batch tokens per second of `steps` updates."""
+    def seconds(self, batch: tuple[torch.Tensor, ...], steps: int = 1) -> float:
         start = time.perf_counter()
         for _ in range(steps):
-            self.update()
+            self.update(batch)
         if runtime.on_cuda(self.device):  # CUDA runs the updates asynchronously: wait for them before the clock stops
             torch.cuda.synchronize(self.device)
-        return self.src.numel() * steps / (time.perf_counter() - start)
+        return (time.perf_counter() - start) / steps
+
+    def rate(self, steps: int) -> float:
+        """Padded batch tokens per second of `steps` updates of the first batch."""
+        return self.tokens[0] / self.seconds(self.batches[0], steps)
+
+
+def _made_up(src_lens: tuple[int, ...], tgt_lens: tuple[int, ...], vocab: int, device: torch.device):
+    """(src, src_pad_mask, tgt_in, tgt_out) of random tokens, each sentence its length, padding after it."""
+
+    def padded(lengths: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        at = torch.arange(max(lengths)).unsqueeze(0)
+        pad = at >= torch.tensor(lengths).unsqueeze(1)
+        return torch.randint(4, vocab, pad.shape).masked_fill(pad, PAD).to(device), pad.to(device)
+
+    src, src_pad = padded(src_lens)
+    tgt_in, _ = padded(tgt_lens)
+    tgt_out, _ = padded(tgt_lens)
+    return src, src_pad, tgt_in, tgt_out
 
 
 def measure_points(points: dict[Point, dict], device: torch.device, precision: str = "fp32") -> dict[Point, float]:
@@ -156,14 +192,51 @@ def throughput(
             log.info("auto: probed shape '%s' with a %d BPE%s: %.0f tokens/s", point[0], point[1],
                      ", FLoRes' extras" if point[2] else "", rate)  # fmt: skip
         log.info("auto: the probe took %.1f s (cached in %s)", time.perf_counter() - start, path)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
-            os.replace(tmp, path)
-        except OSError as e:  # a read-only home: the run goes on, the next one probes again
-            log.warning("auto: could not cache the probe in %s (%s)", path, e)
+        _write(path, cache)
     return {point: cache[keys[point]] for point in points}
+
+
+def measure_factor(point: Point, shape: dict, device: torch.device, precision: str, shapes: list[Shape]) -> float:
+    """The corpus's batches' speed over the made-up batches' at `point`: `shapes` (batches that each stand for an
+    equal share of an epoch's padded tokens) timed in turn with STEPS made-up updates, FACTOR_ROUNDS times, the
+    median of the rounds' ratios. An epoch's rate is its tokens over the sum of its batches' seconds: with equal
+    shares, the mean of the sample's seconds per token."""
+    corpus = _Trial(shape, device, precision, point[1], point[2], shapes)
+    made_up = _Trial(shape, device, precision, point[1], point[2])
+    made_up.rate(STEPS)  # untimed, as in measure_points
+    ratios = []
+    for _ in range(FACTOR_ROUNDS):
+        per_token = [corpus.seconds(b) / tokens for b, tokens in zip(corpus.batches, corpus.tokens)]
+        ratios.append(len(per_token) / sum(per_token) / made_up.rate(STEPS))
+    return sorted(ratios)[len(ratios) // 2]
+
+
+def batch_factor(point: Point, shape: dict, device: torch.device, precision: str, shapes: list[Shape]) -> float:
+    """`measure_factor`, cached beside the probe's figures (keyed by the point and the sample's shapes)."""
+    path = cache_path()
+    digest = hashlib.sha1(json.dumps(shapes).encode()).hexdigest()[:16]
+    key = f"{cache_key(point, shape, device, precision)}|batches {digest}"
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cache = {}
+    if key not in cache:
+        start = time.perf_counter()
+        cache[key] = measure_factor(point, shape, device, precision, shapes)
+        log.info("auto: the corpus's batches train at %.2f of the probe's speed (%d sampled, %.1f s)", cache[key],
+                 len(shapes), time.perf_counter() - start)  # fmt: skip
+        _write(path, cache)
+    return cache[key]
+
+
+def _write(path: Path, cache: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home: the run goes on, the next one probes again
+        log.warning("auto: could not cache the probe in %s (%s)", path, e)
 
 
 if __name__ == "__main__":  # python -m mt.train.probe: TABLE's figures measured on this machine (CPU, fp32)
