@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 # updates made (docs/experiments/auto.md); the plan before it, 0.82.
 PLAN_TOLERANCE = 0.25
 # Batches of an epoch the probe times against its made-up ones (probe.batch_factor): each stands for an equal share
-# of the epoch's padded tokens. Six rounds of them and of the made-up batch take ~10 s on a 2-vCPU EPYC (KDE4).
+# of the epoch's padded tokens. Three rounds of them and of the made-up batch: ~15 s on a 2-vCPU Zen 4 (KDE4).
 SAMPLE_BATCHES = 6
 SAMPLE_SEED = 0  # the sample's batches are formed with this seed: every seed of a run reads one cached factor
 
