@@ -242,17 +242,50 @@ def test_final_choice_scores_best_and_average_on_the_whole_val_split(toy_corpus,
     monkeypatch.setattr(trainer, "bleu", lambda ds, cfg, model: decoded.append(len(ds)) or bleu(ds, cfg, model))
     trainer.fit(job_start=0)
     assert decoded == [2, 2, 2]  # per epoch: the subset
+    last = {k: v.clone() for k, v in trainer.kept_model.state_dict().items()}
     finish(trainer)
     n_valid = len(trainer.corpus.valid)
-    assert decoded[3:5] == [n_valid, n_valid] and n_valid > 2  # both candidates on all of val
     rows = {r["candidate"]: r for r in read_metrics(run) if r["kind"] == "final_choice"}
-    assert set(rows) == {"checkpoint_best.pt", "checkpoint_averaged.pt (last 2)"}
+    assert decoded[3:] == [n_valid] * len(rows) and n_valid > 2  # every candidate on all of val
+    # the last epoch's weights are a candidate of their own unless its validation made them the best checkpoint
+    best_update = saved.load(run / "checkpoint_best.pt")["update"]
+    last_tag = f"the last weights (update {trainer.update})"
+    expected_tags = {"checkpoint_best.pt", "checkpoint_averaged.pt (last 2)"}
+    assert set(rows) == expected_tags | ({last_tag} if best_update != trainer.update else set())
     winner = max(rows, key=lambda k: rows[k]["valid_bleu"])  # ties keep the best epoch (listed first)
     final = saved.load(run / "checkpoint_final.pt")
     assert final["chosen"] == winner
-    source = "checkpoint_best.pt" if winner == "checkpoint_best.pt" else "checkpoint_averaged.pt"
-    expected = saved.load(run / source)
-    torch.testing.assert_close(final["model"], expected["model"])
+    sources = {"checkpoint_best.pt": run / "checkpoint_best.pt", last_tag: None}
+    source = sources.get(winner, run / "checkpoint_averaged.pt")
+    torch.testing.assert_close(final["model"], last if source is None else saved.load(source)["model"])
+
+
+@pytest.mark.parametrize("max_updates", [5, 4])
+def test_the_weights_training_ended_with_are_a_candidate_where_no_validation_saw_them(
+    toy_corpus, tmp_path, monkeypatch, max_updates
+):
+    """Validations every 2 updates: a run stopped by its budget at update 5 ends on weights none of them scored
+    (a schedule cooled to zero ends on its most refined ones); the final choice scores them on all of val beside
+    the best checkpoint and keeps them when they score higher. Stopped at update 4, they were validated: a
+    candidate only if that validation did not make them the best checkpoint."""
+    run = tmp_path / "run"
+    trainer = make_trainer(toy_corpus, run, max_updates=max_updates, max_epochs=100, valid_every=2, valid_bleu=True)
+    trainer.fit(job_start=0)
+    last = {k: v.clone() for k, v in trainer.kept_model.state_dict().items()}
+    best_update = saved.load(run / "checkpoint_best.pt")["update"]
+    assert best_update in (2, 4)
+    scored = []  # the whole-val scores rise candidate by candidate: the last one listed wins
+    monkeypatch.setattr(trainer, "validate", lambda bleu_subset=None, model=None: scored.append(1) or {
+        "valid_loss": 1.0, "valid_bleu": float(len(scored))})  # fmt: skip
+    finish(trainer)
+    rows = [r["candidate"] for r in read_metrics(run) if r["kind"] == "final_choice"]
+    ended_unseen = max_updates == 5 or best_update != max_updates
+    # one candidate alone is kept without scoring it again
+    assert rows == (["checkpoint_best.pt", f"the last weights (update {max_updates})"] if ended_unseen else [])
+    final = saved.load(run / "checkpoint_final.pt")
+    expected = last if ended_unseen else saved.load(run / "checkpoint_best.pt")["model"]
+    torch.testing.assert_close(final["model"], expected)
+    assert final["chosen"] == (rows[-1] if ended_unseen else "checkpoint_best.pt")
 
 
 def test_resume_refuses_a_different_model(toy_corpus, tmp_path):

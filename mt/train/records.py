@@ -36,8 +36,8 @@ def test_scores(ckpt: dict) -> list[dict]:
 
 def test_reports(ckpt: dict) -> list[dict]:
     """The test reports of the weights in `ckpt`: the `{split}.report.json` files train.py wrote beside the run's
-    checkpoint_final.pt, if `ckpt` is that checkpoint or holds the same weights (the best checkpoint it chose);
-    none for any other (checkpoint_last.pt, an epoch's), whose scores were never measured."""
+    checkpoint_final.pt, if `ckpt` is that checkpoint or holds the same weights (the best or the last checkpoint,
+    whichever it chose); none for any other (an epoch's, an unchosen one), whose scores were never measured."""
     path = Path(ckpt["path"])
     final = path.parent / "checkpoint_final.pt"
     if path.suffix != ".pt" or not final.is_file():
