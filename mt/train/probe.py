@@ -54,7 +54,6 @@ TABLE: dict[Point, float] = {
     ("compact", 4_000, True): 3_652.7,
     ("compact", 8_000, False): 3_306.5,
     ("compact", 10_000, False): 3_126.0,
-    ("compact", 10_000, True): 2_547.5,
     ("compact", 16_000, False): 2_398.1,
     ("compact", 32_000, False): 1_537.1,
     ("small", 16_000, False): 1_063.8,
