@@ -79,7 +79,8 @@ def main(dcfg: DictConfig) -> None:
         minutes = trainer.budget.elapsed / 60
         log.info("training stopped (%s) after %d updates, %.1f min", reason, trainer.update, minutes)
         if cfg.auto.enabled and reason == "max_time" and rank == 0 and not resumed:  # the plan against the run
-            if warning := auto_setup.check_plan(run_dir, trainer.update, cfg.auto.probe):
+            precision = auto_setup.probe_precision(cfg)
+            if warning := auto_setup.check_plan(run_dir, trainer.update, cfg.auto.probe, precision):
                 log.warning(warning)
         if rank == 0:
             finish(trainer)

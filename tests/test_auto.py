@@ -401,18 +401,26 @@ def test_the_docs_grid_reads_the_rule():
     assert rows[2] == "| 3,600 | 4k, compact, short, 0.2 | 4k, compact, long, 0.3, FLoRes |"
 
 
-def test_a_run_far_from_its_plan_warns_that_the_probes_figures_are_not_the_machines(tmp_path, monkeypatch):
-    from mt.train import auto_setup
+def test_a_run_far_from_its_plan_warns_and_drops_the_machines_probe_figures(tmp_path, monkeypatch):
+    import torch
 
     monkeypatch.setenv("MT_CACHE", str(tmp_path / "cache"))
+    cpu, shape = torch.device("cpu"), auto_setup.SHAPES["compact"]
+    point = probe.cache_key(("compact", 4_000, False), shape, cpu, "fp32")
+    mine = [point, probe.cache_key(("compact", 10_000, False), shape, cpu, "fp32"), f"{point}|batches 0123"]
+    others = [probe.cache_key(("compact", 4_000, False), shape, cpu, "bf16"),  # another precision, another machine
+              point.replace(probe.machine(cpu), "Another CPU (family 1 model 2, avx2)")]  # fmt: skip
+    probe._write(probe.cache_path(), {key: 1_000.0 for key in mine + others})
     assert auto_setup.check_plan(tmp_path, 1_400, probed=True) is None  # no auto.json: not an auto run
     plan = {"key": "plan", "value": {"updates": 433, "epochs": 2.1}, "reason": "433 updates"}
-    (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan]}))
-    for made in (433, 330, 540):  # within a quarter of the plan
+    (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan], "device": "cpu"}))
+    for made in (433, 330, 540):  # within a quarter of the plan: the figures stay
         assert auto_setup.check_plan(tmp_path, made, probed=True) is None
+    assert len(json.loads(probe.cache_path().read_text())) == 5
     warning = auto_setup.check_plan(tmp_path, 1_400, probed=True)  # a plan from a probe made beside another job
     assert warning.startswith("auto: the plan expected 433 updates in this budget and the run made 1,400 (3.23")
-    assert str(tmp_path / "cache" / "throughput.json") in warning and "delete that file" in warning
+    assert f"3 dropped from {tmp_path / 'cache' / 'throughput.json'}, the next run probes again" in warning
+    assert sorted(json.loads(probe.cache_path().read_text())) == sorted(others)
     assert "set auto.probe=true" in auto_setup.check_plan(tmp_path, 300, probed=False)  # the table's figures
     (tmp_path / "auto.json").write_text("{not json")
     assert auto_setup.check_plan(tmp_path, 1_400, probed=True) is None  # unreadable: no warning, no traceback

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from mt.config import Config, ConfigError
 from mt.data import read
@@ -146,7 +147,7 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
     else:
         stats = corpus_stats(cfg)
         device = pick_device(cfg.train.device)
-        precision = cfg.train.precision if cfg.train.precision in ("bf16", "fp16") else "fp32"
+        precision = probe_precision(cfg)
         points = {point: SHAPES[point[0]] for point in probe_points(stats.pairs)}
         speed = probed = Speed(probe.throughput(points, device, precision, cfg.auto.probe))
         factor = 1.0
@@ -212,11 +213,12 @@ def block(choices: list[Choice], applied: list[Choice], cfg: Config) -> list[str
     return [f"  {', '.join(keys)}  ({reason})" if keys else f"  {reason}" for keys, reason in rows]
 
 
-def check_plan(run_dir: Path, made: int, probed: bool) -> str | None:
+def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") -> str | None:
     """A warning for a run that train.max_time stopped far from the updates its plan expected (beyond
     PLAN_TOLERANCE), else None: the speeds the rule planned with were not the machine's. A probe made while another
-    job ran stays in the cache (seen: under a third of the host's speed, a plan of 433 updates where the run alone
-    planned 1,594), and every later run would plan from it."""
+    job ran would stay in the cache (seen: under a third of the host's speed, a plan of 433 updates where the run
+    alone planned 1,594) and plan every later run, so its figures for this machine are dropped (probe.forget): the
+    next run probes again. `precision`: the one the run probed at (`probe_precision`)."""
     saved = run_dir / AUTO_FILE
     try:  # a warning only: an unreadable record must not cost the run its test reports
         record = json.loads(saved.read_text()) if saved.is_file() else {}
@@ -225,13 +227,25 @@ def check_plan(run_dir: Path, made: int, probed: bool) -> str | None:
     plan = next((c["value"] for c in record.get("choices", []) if c["key"] == PLAN), None)
     if not plan or not plan.get("updates") or abs(made / plan["updates"] - 1) <= PLAN_TOLERANCE:
         return None
-    source = (f"the probe's figures, cached in {probe.cache_path()}, are not this machine's speed now (a probe made "
-              "while another job ran?); delete that file so that the next run probes again") if probed else (
-              "the table's figures (auto.probe=false) are not this machine's: set auto.probe=true")  # fmt: skip
+    if probed:
+        try:
+            device = torch.device(record.get("device", "cpu"))
+        except (RuntimeError, TypeError):
+            device = torch.device("cpu")
+        dropped = probe.forget(device, precision)
+        source = (f"the probe's figures were not this machine's speed now (a probe made while another job ran?): "
+                  f"{dropped} dropped from {probe.cache_path()}, the next run probes again")  # fmt: skip
+    else:
+        source = "the table's figures (auto.probe=false) are not this machine's: set auto.probe=true"
     return (
         f"auto: the plan expected {plan['updates']:,} updates in this budget and the run made {made:,} "
         f"({made / plan['updates']:.2f} of them): {source}"
     )
+
+
+def probe_precision(cfg: Config) -> str:
+    """The precision the probe times at: the run's autocast type, else fp32."""
+    return cfg.train.precision if cfg.train.precision in ("bf16", "fp16") else "fp32"
 
 
 def _value(cfg: Config, key: str):
