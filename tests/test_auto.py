@@ -421,6 +421,9 @@ def test_a_run_far_from_its_plan_warns_and_drops_the_machines_probe_figures(tmp_
     assert warning.startswith("auto: the plan expected 433 updates in this budget and the run made 1,400 (3.23")
     assert f"3 dropped from {tmp_path / 'cache' / 'throughput.json'}, the next run probes again" in warning
     assert sorted(json.loads(probe.cache_path().read_text())) == sorted(others)
+    probe.cache_path().write_text("[1, 2]")  # not a cache this probe wrote: the warning, the file left as it is
+    assert "0 dropped from" in auto_setup.check_plan(tmp_path, 1_400, probed=True)
+    assert probe.cache_path().read_text() == "[1, 2]"
     assert "set auto.probe=true" in auto_setup.check_plan(tmp_path, 300, probed=False)  # the table's figures
     (tmp_path / "auto.json").write_text("{not json")
     assert auto_setup.check_plan(tmp_path, 1_400, probed=True) is None  # unreadable: no warning, no traceback

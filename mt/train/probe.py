@@ -244,6 +244,8 @@ def forget(device: torch.device, precision: str) -> int:
         cache = json.loads(path.read_text())
     except (OSError, ValueError):
         return 0
+    if not isinstance(cache, dict):  # not a cache this probe wrote: left as it is
+        return 0
     setting = _setting(device, precision)
     kept = {key: value for key, value in cache.items() if not key.startswith(setting)}
     if len(kept) < len(cache):
