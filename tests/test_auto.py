@@ -216,6 +216,19 @@ def test_from_4000_pairs_dropout_stays_at_02_however_often_the_corpus_is_seen():
     assert settings(emea, Budget(minutes=200), flat)["model.dropout"] == 0.2  # ~500 epochs: still 0.2
 
 
+def test_averaging_gives_its_reason_by_schedule_not_a_wrong_epoch_count():
+    # The 3,600-pair cut in 30 minutes: ~100 epochs on the short schedule, whose cooled lr is why nothing is averaged.
+    cut = CorpusStats(3_600, 42_599, 39_912, {2_500: Epoch(35, 79_522), 4_096: Epoch(22, 82_560)})
+    short = {c.key: c for c in choose(cut, Budget(minutes=30), M30K_3600_Z4)}
+    assert short["train.average_last"].value == 0 and plan(cut, Budget(minutes=30), M30K_3600_Z4)["epochs"] > 45
+    assert short["train.average_last"].reason.startswith("the short schedule cools the lr to 0")
+    long = {c.key: c for c in choose(MULTI30K, Budget(minutes=56), SPEED)}
+    assert long["train.average_last"].value == 10 and "fairseq's recipe: 10" in long["train.average_last"].reason
+    big = CorpusStats(1_000_000, 18_000_000, 18_000_000)  # fairseq's recipe for under two epochs
+    one = {c.key: c for c in choose(big, Budget(updates=3_000), SPEED)}
+    assert one["train.average_last"].value == 0 and one["train.average_last"].reason == "too few epochs to average"
+
+
 def test_the_rule_warns_of_a_budget_under_one_epoch_and_refuses_what_it_cannot_train():
     notes = [c.reason for c in choose(CorpusStats(500_000, 9_000_000, 9_000_000), Budget(minutes=2), SPEED)
              if c.key == NOTE]  # fmt: skip

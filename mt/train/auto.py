@@ -340,9 +340,14 @@ def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, floa
     every = max(100, updates // VALIDATIONS)
     out.append(Choice("train.valid_every", every, f"{VALIDATIONS} validations in {updates:,} updates"))
     out.append(Choice("train.valid_bleu_subset", 200, "val BLEU on 200 sentences: validation stays a small cost"))
+    # The short schedule cools the lr to 0 over its last 30%: its last weights are settled, and averaging its last
+    # 10 epochs was level with them (IWSLT TED in 30 minutes, GPU replay, two seeds: +0.10 val BLEU, p 0.186).
     average = min(10, int(epochs // 2)) if long_run else 0
-    out.append(Choice("train.average_last", average, "the last epochs averaged (fairseq's recipe: 10)" if average
-                      else "too few epochs to average"))  # fmt: skip
+    if long_run:
+        why = "the last epochs averaged (fairseq's recipe: 10)" if average else "too few epochs to average"
+    else:
+        why = "the short schedule cools the lr to 0: averaging its last epochs measured level (+0.10, p 0.186)"
+    out.append(Choice("train.average_last", average, why))
     out.append(Choice("train.keep_last", max(average, 2), "the epoch checkpoints averaging reads"))
     return out
 
