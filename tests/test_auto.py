@@ -442,6 +442,32 @@ def test_a_run_far_from_its_plan_warns_and_drops_the_machines_probe_figures(tmp_
     assert auto_setup.check_plan(tmp_path, 1_400, probed=True) is None  # unreadable: no warning, no traceback
 
 
+def test_a_run_near_its_plan_rescales_the_figures_it_planned_with(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("MT_CACHE", str(tmp_path / "cache"))
+    cpu, shape = torch.device("cpu"), auto_setup.SHAPES["compact"]
+    four, ten = (probe.cache_key(("compact", v, False), shape, cpu, "fp32") for v in (4_000, 10_000))
+    factor, other = f"{four}|batches 0123", probe.cache_key(("compact", 8_000, False), shape, cpu, "fp32")
+    cache = {four: 5_000.0, ten: 4_000.0, factor: 0.9, other: 3_000.0}
+    probe._write(probe.cache_path(), cache)
+    plan = {"key": "plan", "value": {"updates": 1_000, "epochs": 9.5}, "reason": "1,000 updates"}
+    speed = [["compact", 4_000, False, 5_000.0 * 0.9], ["compact", 10_000, False, 4_000.0 * 0.9]]
+    (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan], "device": "cpu", "speed": speed,
+                                                    "batch_factor": 0.9}))  # fmt: skip
+    for made in (1_000, 980, 1_020):  # within the plan's own spread: left as they are
+        assert auto_setup.check_plan(tmp_path, made, probed=True) is None
+    assert json.loads(probe.cache_path().read_text()) == cache
+    assert auto_setup.check_plan(tmp_path, 890, probed=False) is None  # the table's figures: nothing to rescale
+    assert json.loads(probe.cache_path().read_text()) == cache
+    assert auto_setup.check_plan(tmp_path, 890, probed=True) is None  # the run held 0.89 of the probe's speed
+    rescaled = json.loads(probe.cache_path().read_text())
+    assert rescaled[four] == pytest.approx(4_450.0) and rescaled[ten] == pytest.approx(3_560.0)
+    assert rescaled[factor] == 0.9 and rescaled[other] == 3_000.0  # the corpus's factor, a point it did not read
+    assert auto_setup.check_plan(tmp_path, 890, probed=True) is None  # the figures moved since: not rescaled twice
+    assert json.loads(probe.cache_path().read_text()) == rescaled
+
+
 def test_the_sample_stands_for_equal_shares_of_the_epochs_padded_tokens(monkeypatch):
     monkeypatch.setattr(auto_setup, "SAMPLE_BATCHES", 3)
     # One sentence a batch, n tokens a side: n padded tokens, 45 in all; the shares' midpoints at 7.5, 22.5, 37.5.

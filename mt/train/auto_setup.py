@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 # made / planned updates beyond 1 +- this: train.py warns (check_plan). The seventh change's plans: 0.93-1.03 of the
 # updates made (docs/experiments/auto.md); the plan before it, 0.82.
 PLAN_TOLERANCE = 0.25
+# made / planned updates within PLAN_TOLERANCE but this far from 1: the cached speeds are rescaled (check_plan); a
+# nearer run leaves them (a plan's own spread: 0.93-1.03 for the seventh change's).
+RESCALE_FROM = 0.03
 # Batches of an epoch the probe times against its made-up ones (probe.batch_factor): each stands for an equal share
 # of the epoch's padded tokens. Three rounds of them and of the made-up batch: ~15 s on a 2-vCPU Zen 4 (KDE4).
 SAMPLE_BATCHES = 6
@@ -214,24 +217,37 @@ def block(choices: list[Choice], applied: list[Choice], cfg: Config) -> list[str
 
 
 def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") -> str | None:
-    """A warning for a run that train.max_time stopped far from the updates its plan expected (beyond
-    PLAN_TOLERANCE), else None: the speeds the rule planned with were not the machine's. A probe made while another
-    job ran would stay in the cache (seen: under a third of the host's speed, a plan of 433 updates where the run
-    alone planned 1,594) and plan every later run, so its figures for this machine are dropped (probe.forget): the
-    next run probes again. `precision`: the one the run probed at (`probe_precision`)."""
+    """The plan against the run that train.max_time stopped after `made` updates. Within PLAN_TOLERANCE of it: the
+    cached figures the plan read are rescaled by made / planned (probe.rescale), so that the next plan on this
+    machine starts from the speed a whole run held (seen on a 2-vCPU Zen 3: a probe at a run's start read ~16% above
+    the run, twice), and None. Beyond it, a warning: the speeds the rule planned with were not the machine's. A probe
+    made while another job ran would stay in the cache (seen: under a third of the host's speed, a plan of 433
+    updates where the run alone planned 1,594) and plan every later run, so its figures for this machine are dropped
+    (probe.forget): the next run probes again. `precision`: the one the run probed at (`probe_precision`)."""
     saved = run_dir / AUTO_FILE
     try:  # a warning only: an unreadable record must not cost the run its test reports
         record = json.loads(saved.read_text()) if saved.is_file() else {}
     except (OSError, ValueError):
         return None
     plan = next((c["value"] for c in record.get("choices", []) if c["key"] == PLAN), None)
-    if not plan or not plan.get("updates") or abs(made / plan["updates"] - 1) <= PLAN_TOLERANCE:
+    if not plan or not plan.get("updates"):
+        return None
+    try:
+        device = torch.device(record.get("device", "cpu"))
+    except (RuntimeError, TypeError):
+        device = torch.device("cpu")
+    ratio = made / plan["updates"]
+    if abs(ratio - 1) <= PLAN_TOLERANCE:
+        if probed and abs(ratio - 1) >= RESCALE_FROM:
+            factor = record.get("batch_factor") or 1.0
+            read = {probe.cache_key((name, vocab, extras), SHAPES[name], device, precision): rate / factor
+                    for name, vocab, extras, rate in record.get("speed", []) if name in SHAPES}  # fmt: skip
+            if n := probe.rescale(read, ratio):
+                log.info("auto: the run made %.2f of the %s updates planned: %d cached speed%s of this machine "
+                         "x %.2f for the next plan (%s)", ratio, f"{plan['updates']:,}", n, "s" * (n > 1), ratio,
+                         probe.cache_path())  # fmt: skip
         return None
     if probed:
-        try:
-            device = torch.device(record.get("device", "cpu"))
-        except (RuntimeError, TypeError):
-            device = torch.device("cpu")
         dropped = probe.forget(device, precision)
         source = (f"the probe's figures were not this machine's speed now (a probe made while another job ran?): "
                   f"{dropped} dropped from {probe.cache_path()}, the next run probes again")  # fmt: skip
@@ -239,7 +255,7 @@ def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") 
         source = "the table's figures (auto.probe=false) are not this machine's: set auto.probe=true"
     return (
         f"auto: the plan expected {plan['updates']:,} updates in this budget and the run made {made:,} "
-        f"({made / plan['updates']:.2f} of them): {source}"
+        f"({ratio:.2f} of them): {source}"
     )
 
 

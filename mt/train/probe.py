@@ -253,6 +253,27 @@ def forget(device: torch.device, precision: str) -> int:
     return len(cache) - len(kept)
 
 
+def rescale(planned: dict[str, float], ratio: float) -> int:
+    """Multiply the cached figures a run planned with (`planned`: cache key -> the figure it read) by `ratio`, the
+    updates the run made over those its plan expected, so that the next plan on this machine reads the speed a
+    whole run held rather than the probe's few seconds; the number rescaled. A figure that is no longer the one the
+    run read (probed again since, or dropped) is left as it is."""
+    path = cache_path()
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    if not isinstance(cache, dict):
+        return 0
+    hits = [key for key, rate in planned.items() if isinstance(cache.get(key), float)
+            and abs(cache[key] - rate) <= 1e-6 * rate]  # fmt: skip
+    for key in hits:
+        cache[key] = planned[key] * ratio
+    if hits:
+        _write(path, cache)
+    return len(hits)
+
+
 def _write(path: Path, cache: dict) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
