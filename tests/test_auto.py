@@ -453,6 +453,7 @@ def test_a_run_near_its_plan_rescales_the_figures_it_planned_with(tmp_path, monk
     probe._write(probe.cache_path(), cache)
     plan = {"key": "plan", "value": {"updates": 1_000, "epochs": 9.5}, "reason": "1,000 updates"}
     speed = [["compact", 4_000, False, 5_000.0 * 0.9], ["compact", 10_000, False, 4_000.0 * 0.9]]
+    chosen = [{"key": key, "value": 1, "reason": ""} for key in ("model.dropout", "train.max_tokens")]
     (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan], "device": "cpu", "speed": speed,
                                                     "batch_factor": 0.9}))  # fmt: skip
     for made in (1_000, 980, 1_020):  # within the plan's own spread: left as they are
@@ -465,6 +466,11 @@ def test_a_run_near_its_plan_rescales_the_figures_it_planned_with(tmp_path, monk
     assert rescaled[four] == pytest.approx(4_450.0) and rescaled[ten] == pytest.approx(3_560.0)
     assert rescaled[factor] == 0.9 and rescaled[other] == 3_000.0  # the corpus's factor, a point it did not read
     assert auto_setup.check_plan(tmp_path, 890, probed=True) is None  # the figures moved since: not rescaled twice
+    assert json.loads(probe.cache_path().read_text()) == rescaled
+    (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan, *chosen], "device": "cpu", "speed": speed,
+                                                    "batch_factor": 0.9, "applied": ["model.dropout"]}))  # fmt: skip
+    for made in (650, 1_400):  # the command line set the batch size: the plan is another run's, nothing moves
+        assert auto_setup.check_plan(tmp_path, made, probed=True) is None
     assert json.loads(probe.cache_path().read_text()) == rescaled
 
 

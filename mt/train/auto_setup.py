@@ -43,6 +43,11 @@ PLAN_TOLERANCE = 0.25
 # made / planned updates within PLAN_TOLERANCE but this far from 1: the cached speeds are rescaled (check_plan); a
 # nearer run leaves them (a plan's own spread: 0.93-1.03 for the seventh change's).
 RESCALE_FROM = 0.03
+# Choices that move the run's speed or its count of updates: one set on the command line makes the plan another
+# run's, and check_plan neither rescales nor drops the figures.
+PLAN_KEYS = {*(f"model.{key}" for key in SHAPES["compact"]), "model.attention_dropout", "model.activation_dropout",
+             "tokenizer.vocab_size", "tokenizer.joint", "train.max_tokens", "train.accumulate", "train.valid_every",
+             "train.valid_bleu_subset"}  # fmt: skip
 # Batches of an epoch the probe times against its made-up ones (probe.batch_factor): each stands for an equal share
 # of the epoch's padded tokens. Three rounds of them and of the made-up batch: ~15 s on a 2-vCPU Zen 4 (KDE4).
 SAMPLE_BATCHES = 6
@@ -223,7 +228,8 @@ def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") 
     the run, twice), and None. Beyond it, a warning: the speeds the rule planned with were not the machine's. A probe
     made while another job ran would stay in the cache (seen: under a third of the host's speed, a plan of 433
     updates where the run alone planned 1,594) and plan every later run, so its figures for this machine are dropped
-    (probe.forget): the next run probes again. `precision`: the one the run probed at (`probe_precision`)."""
+    (probe.forget): the next run probes again. Neither where the command line set one of PLAN_KEYS. `precision`: the
+    one the run probed at (`probe_precision`)."""
     saved = run_dir / AUTO_FILE
     try:  # a warning only: an unreadable record must not cost the run its test reports
         record = json.loads(saved.read_text()) if saved.is_file() else {}
@@ -231,6 +237,11 @@ def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") 
         return None
     plan = next((c["value"] for c in record.get("choices", []) if c["key"] == PLAN), None)
     if not plan or not plan.get("updates"):
+        return None
+    chosen = {c["key"] for c in record["choices"]}
+    if moved := sorted((chosen & PLAN_KEYS) - set(record.get("applied", chosen))):
+        log.info("auto: the command line set %s: the plan's updates are not this run's, the cached speeds are left "
+                 "as they are", ", ".join(moved))  # fmt: skip
         return None
     try:
         device = torch.device(record.get("device", "cpu"))
