@@ -9,6 +9,7 @@ import functools
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -374,8 +375,13 @@ def test_compile_wraps_ddp_with_dynamic_shapes_and_compiles_once(toy_corpus, tmp
     try:
         torch._dynamo.reset()
         trainer = make_trainer(toy_corpus, tmp_path / "run", compile=True)
-        wrapped = wrap_for_training(trainer.model, trainer.tc, 2, trainer.device)  # as under torchrun
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            wrapped = wrap_for_training(trainer.model, trainer.tc, 2, trainer.device)  # as under torchrun
         assert isinstance(wrapped._orig_mod, torch.nn.parallel.DistributedDataParallel)
+        ddp = wrapped._orig_mod  # the positions are fixed: no broadcast before every forward (the attribute's names)
+        assert not getattr(ddp, "forward_sync_buffers", getattr(ddp, "broadcast_buffers", True))
+        assert not [w for w in caught if issubclass(w.category, FutureWarning)], [str(w.message) for w in caught]
         shapes, frames = set(), []
         for b in list(trainer.loader)[:6]:
             loss, _ = wrapped(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import logging
 import math
 import signal
@@ -77,12 +78,20 @@ def wrap_for_training(model: Transformer, tc: TrainConfig, world: int, device: t
         ids = [device.index] if device.type == "cuda" else None  # a device API argument, not a code path
         # No buffers change during training (positions are fixed), and gradients can live in DDP's buckets.
         wrapped = torch.nn.parallel.DistributedDataParallel(
-            wrapped, device_ids=ids, broadcast_buffers=False, gradient_as_bucket_view=True
+            wrapped, device_ids=ids, gradient_as_bucket_view=True, **no_buffer_sync_before_forward()
         )
     if tc.compile:
         fused_loss.run_eagerly_under_compile()
         wrapped = torch.compile(wrapped, dynamic=True)
     return wrapped
+
+
+def no_buffer_sync_before_forward() -> dict[str, bool]:
+    """DDP's keyword that skips broadcasting buffers before each forward: `forward_sync_buffers` from torch 2.13,
+    which deprecates `broadcast_buffers` with a FutureWarning in every torchrun log (the new one still syncs them
+    once at the start, where they are equal on every rank anyway)."""
+    ddp = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    return {"forward_sync_buffers": False} if "forward_sync_buffers" in ddp else {"broadcast_buffers": False}
 
 
 @dataclasses.dataclass
