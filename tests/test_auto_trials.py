@@ -162,3 +162,14 @@ def test_plans_set_each_auto_runs_plan_against_the_updates_it_made(tmp_path, cap
                                                for r in records))  # fmt: skip
     trials.plans(runs)  # without the validations' seconds the run's speed is unknown, not the validations counted in
     assert "| emea_20.auto.s1 | 250 | 225 | 0.90 | 10.0 | 9.0 | 12 | 5,000, nan |  |  |" in capsys.readouterr().out
+
+
+def test_a_point_fairseq_never_ran_still_sets_auto_against_the_recipe(tmp_path, capsys):
+    # KDE4's second host: auto and this project's recipe only, two seeds (auto right in both, the recipe not)
+    plan = [(r, s, q) for s in (1, 2) for r, q in (("auto", "right"), ("recipe", "worse"))]
+    trials.table(write_runs(tmp_path, plan), plot=None)
+    summary = next(line for line in capsys.readouterr().out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
+    cells = summary.strip("| ").split(" | ")
+    assert cells[:3] == ["EMEA De->En", "20", "2"] and cells[3] == "100.00"  # auto's pooled score, two seeds
+    assert cells[4] == "" and float(cells[5]) < 100  # no fairseq score; the recipe's
+    assert cells[-2] == "" and float(cells[-1].split(", ")[0]) > 10 and cells[-1].endswith("(2)")  # vs recipe only

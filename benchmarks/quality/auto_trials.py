@@ -18,7 +18,7 @@ Run each with the machine alone: the budget is wall-clock. `table` scores every 
 ran: each recipe's test BLEU (lowercased, cased) and chrF, its updates and target tokens/s, and
 its difference to fairseq's recipe with the paired bootstrap's p (mt.compare, 1,000 resamples; lowercased BLEU,
 since fairseq's recipe writes lowercase); the summary pools the seeds fairseq's recipe ran, and gives `auto` against
-`recipe` over the seeds both ran.
+`recipe` over the seeds both ran, at points where fairseq's recipe did not run too.
 Several seeds: the table gives each. `--plot` draws BLEU against
 training pairs, a panel per budget; `--minutes-plot` BLEU against minutes on the whole of Multi30k En->De (the
 points m30k_29000_5 to m30k_29000_56), a line per recipe through the mean of its seeds.
@@ -238,40 +238,29 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
         # Over the seeds fairseq's recipe ran: the recipes each of them ran, translations and references end to end.
         ran = {seed: {r.name.split(".")[1] for r in done} for seed, done in seeds.items()}
         against = {seed: seeds[seed] for seed in seeds if "fairseq" in ran[seed]}
-        if not against:
-            continue
-        names = [n for n in SCORED if all(n in ran[seed] for seed in against)]
-        hyps = {n: [] for n in names}
-        refs = []
-        for seed, done in against.items():
-            refs += read_hyps(split_references(done[-1], c.split))
-            for n in names:
-                hyps[n] += read_hyps(run_dir(runs, point, n, seed) / f"{c.split}.hyp")
-        names.remove("fairseq")
-        result = compare([System(n, point, hyps[n]) for n in ["fairseq", *names]], refs)
-        lc = {s["name"]: s["metrics"]["BLEU lc"] for s in result["systems"]}
-        if len(against) > 1:
-            for n in names:
-                print(f"| {c.label} | {minutes} | {n} | {'+'.join(map(str, against))} pooled | | | "
-                      f"{lc[n]['score']:.2f} | {lc[n]['delta']:+.2f}, {lc[n]['p_bs']:.3f} |")  # fmt: skip
-        # auto against this project's recipe, over the seeds both ran (pooled as above).
-        both = [seed for seed in seeds if {"auto", "recipe"} <= ran[seed]]
+        lc = {}
+        if against:
+            names = ["fairseq", *(n for n in SCORED if n != "fairseq" and all(n in ran[s] for s in against))]
+            lc = pooled_lc(runs, point, c.split, against, names)
+            if len(against) > 1:
+                for n in names[1:]:
+                    print(f"| {c.label} | {minutes} | {n} | {'+'.join(map(str, against))} pooled | | | "
+                          f"{lc[n]['score']:.2f} | {lc[n]['delta']:+.2f}, {lc[n]['p_bs']:.3f} |")  # fmt: skip
+        # auto against this project's recipe, over the seeds both ran (pooled as above), fairseq's run or not.
+        both = {seed: seeds[seed] for seed in seeds if {"auto", "recipe"} <= ran[seed]}
         if both:
-            pooled = {n: [] for n in ("recipe", "auto")}
-            refs = []
-            for seed in both:
-                refs += read_hyps(split_references(seeds[seed][-1], c.split))
-                for n in pooled:
-                    pooled[n] += read_hyps(run_dir(runs, point, n, seed) / f"{c.split}.hyp")
-            result = compare([System(n, point, h) for n, h in pooled.items()], refs)
-            lc["auto vs recipe"] = result["systems"][1]["metrics"]["BLEU lc"] | {"seeds": len(both)}
-        summary.append((c.label, minutes, len(against), lc))
+            mine = pooled_lc(runs, point, c.split, both, ["recipe", "auto"])
+            lc["auto vs recipe"] = mine["auto"] | {"seeds": len(both)}
+            if not against:  # the scores alone: the fairseq column's difference stays empty
+                lc |= {n: {"score": mine[n]["score"]} for n in ("auto", "recipe")}
+        if lc:
+            summary.append((c.label, minutes, len(against) or len(both), lc))
     print("\nLowercased test BLEU (seeds pooled); auto's difference to fairseq's recipe and to this project's, p:\n")
     print("| corpus | minutes | seeds | " + " | ".join(SCORED) + " | Δ auto, p | Δ auto against recipe, p (seeds) |")
     print("|---" * (len(SCORED) + 5) + "|")
     for label, minutes, n, lc in summary:
         cells = [f"{lc[r]['score']:.2f}" if r in lc else "" for r in SCORED]
-        versus = f"{lc['auto']['delta']:+.2f}, {lc['auto']['p_bs']:.3f}" if "auto" in lc else ""
+        versus = f"{lc['auto']['delta']:+.2f}, {lc['auto']['p_bs']:.3f}" if "delta" in lc.get("auto", {}) else ""
         mine = lc.get("auto vs recipe")
         recipe = f"{mine['delta']:+.2f}, {mine['p_bs']:.3f} ({mine['seeds']})" if mine else ""
         print(f"| {label} | {minutes} | {n} | " + " | ".join(cells) + f" | {versus} | {recipe} |")
@@ -280,6 +269,21 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
     curve = [(m, r, b) for p, m, r, b, label in points if label == CORPORA[MINUTES_CORPUS].label]
     if minutes_plot is not None and curve:
         draw_minutes(curve, minutes_plot)
+
+
+def pooled_lc(runs: Path, point: str, split: str, seeds: dict[int, list[Path]], names: list[str]) -> dict:
+    """Lowercased BLEU of each named recipe over the given seeds, translations and references end to end; the
+    first name is the baseline of the paired bootstrap."""
+    from mt.data.files import read_lines
+    from mt.evaluate.compare import System, compare, split_references
+
+    hyps, refs = {n: [] for n in names}, []
+    for seed, done in seeds.items():
+        refs += [line.strip() for line in read_lines(split_references(done[-1], split))]
+        for n in names:
+            hyps[n] += [line.strip() for line in read_lines(run_dir(runs, point, n, seed) / f"{split}.hyp")]
+    result = compare([System(n, point, hyps[n]) for n in names], refs)
+    return {s["name"]: s["metrics"]["BLEU lc"] for s in result["systems"]}
 
 
 def seed_means(scores: list[tuple[int, float]]) -> list[tuple[int, float]]:
