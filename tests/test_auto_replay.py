@@ -82,3 +82,14 @@ def test_the_first_rule_is_what_the_first_cpu_runs_chose(cpu_runs):
     assert got["model.d_ff"] == "512" and got["model.norm"] == "pre" and got["train.label_smoothing"] == "0.2"
     assert got["tokenizer.vocab_size"] == "4000" and got["train.max_tokens"] == "2500"
     assert auto.SHAPES["compact"]["d_ff"] == 256 and auto.LONG_RUN_UPDATES == 3_000  # the patch did not leak
+
+
+def test_the_whole_of_multi30k_reads_the_carried_copy(cpu_runs):
+    """Multi30k uncut sets no data.dir (its config reads ../shared/data, which the GPU machine lacks): the plan
+    points it at the copy under --data, as it does the cuts."""
+    for recipe in ("auto", "fairseq"):
+        (cpu_runs / f"iwslt_30.{recipe}.s1").rename(cpu_runs / f"m30k_29000_30.{recipe}.s1")
+    for (trial,) in (replay.plan("m30k_29000_30", [name], cpu_runs, cpu_runs / "data", [1]) for name in
+                     ("auto", "fairseq")):  # fmt: skip
+        cfg = to_dataclass(compose_train([*trial["args"], "run_dir=x"]))
+        assert cfg.data.name == "multi30k" and cfg.data.dir == str(cpu_runs / "data" / "multi30k")
