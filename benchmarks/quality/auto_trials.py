@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # this checkout's mt, not whichever one pip installed
 DATA = Path("../shared/data")  # relative to the checkout, where train.py runs
 CUTS = (3600, 7250, 14500)
 CUT_SEED = 1  # the cut is drawn with this seed, the same pairs for every recipe
