@@ -54,7 +54,7 @@ def main(dcfg: DictConfig) -> None:
             d.length_penalty,
         )
         translator = Translator.open(ckpts, d, pick_device(cfg.device), cfg.precision, bool(cfg.plot_attention),
-                                     cfg.tgt_lang)  # fmt: skip
+                                     cfg.tgt_lang, cfg.src_lang)  # fmt: skip
         translator.target_id()  # a multilingual model without tgt_lang: the one-line error before reading input
         translator.glossary = glossary_of(cfg)
         if cfg.glossary or cfg.constraints:  # refused now, not at the first line that holds a term

@@ -123,13 +123,28 @@ class ModelConfig:
     activation_dropout: float = 0.0
     # "post" is the paper's LayerNorm(x + Sublayer(x)); "pre" is x + Sublayer(LayerNorm(x)) plus final norms.
     norm: str = "post"
-    # "all": source emb = target emb = output projection (joint vocab); "decoder": target emb = output; "none".
+    # "all": source emb = target emb = output projection (joint vocab); "decoder": target emb = output; "inputs":
+    # source emb = target emb, the output projection its own (joint vocab); "none".
     tie_embeddings: str = "all"
     positions: str = "sinusoidal"  # or "learned"
     max_positions: int = 1024
     # "xavier": every weight matrix xavier_uniform, biases 0 (this project's); "fairseq": fairseq 0.12's transformer
     # (Q, K, V each xavier_uniform with gain 1/sqrt(2), PyTorch's default for their biases and for the FFN)
     init: str = "xavier"
+    # What checkpoints of other toolkits need (mt/model/hub/: transformers' Marian and M2M100), the paper's values
+    # by default; a fine-tuning run takes them from its parent.
+    activation: str = "relu"  # of the feed-forward layers (3.3): relu | swish (Marian) | gelu
+    scale_embedding: bool = True  # 3.4: embeddings x sqrt(d_model)
+    sinusoids: str = "paper"  # paper (3.5, sin/cos interleaved) | halves (Marian) | fairseq (M2M100, NLLB)
+    position_offset: int = 0  # the first position's row of the table (fairseq's sinusoids: the padding id + 1)
+    output_bias: bool = False  # a fixed bias added to the logits (Marian's final_logits_bias)
+    mask_pad_logit: bool = False  # <pad>'s logit is -inf before the softmax (Marian gives it a trained logit)
+    # Special token ids (this project's tokenizers: <pad> 0, <unk> 1, <s> 2, </s> 3). The decoder reads
+    # decoder_start_id first: <s> here, <pad> in Marian, </s> in M2M100 and NLLB.
+    pad_id: int = 0
+    unk_id: int = 1
+    decoder_start_id: int = 2
+    eos_id: int = 3
 
 
 @dataclass
@@ -220,6 +235,15 @@ class DecodeConfig:
     seed: int = 0
     # Constraints (translate.py constraints=/glossary=): unordered (each phrase anywhere) | ordered (in the given order)
     constraint_order: str = "unordered"
+    # Beam search with a length penalty ends a sentence's search once beam_size hypotheses have ended (true:
+    # fairseq's rule, transformers' early_stopping=True), or (false: transformers' default) only when moreover no
+    # live beam, scored at its current length, beats the worst of them. Without a length penalty the search ends
+    # when no live beam can beat the best ones, either way.
+    early_stopping: bool = True
+    # Score tokens against the distribution left after the search's restrictions (forced prefix and </s> at the
+    # length limit, banned tokens) rather than the model's (transformers' renormalize_logits, set by OPUS-MT's
+    # generation config): a forced token then scores 0.
+    renormalize: bool = False
 
 
 @dataclass
@@ -265,6 +289,8 @@ class TranslateConfig:
     # back with its own spacing and indentation. Off by default: a test set has one sentence per line.
     split: bool = False
     tgt_lang: str | None = None  # the target language of a multilingual model (data.directions); others ignore it
+    # The source language of a model that reads one (NLLB: de or deu_Latn); default: the run's data.src_lang.
+    src_lang: str | None = None
     references: str | None = None  # a file, or a split name of the checkpoint's data config (e.g. test_2016_flickr)
     report_dir: str | None = None  # where report.json/md go; default: next to the output
     decode: DecodeConfig = field(default_factory=DecodeConfig)
@@ -281,6 +307,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     tgt_lang: str | None = None  # a multilingual model's default target language (a request's "tgt_lang" wins)
+    src_lang: str | None = None  # the source language of a model that reads one (NLLB); default: the run's
     glossary: str | None = None  # a TSV glossary applied to every request (translate.py's glossary=)
     glossary_ignore_case: bool = False
     device: str = "auto"

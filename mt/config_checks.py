@@ -38,6 +38,22 @@ def validate_auto(cfg: Config) -> None:
                           "train.max_updates")  # fmt: skip
 
 
+def validate_model_options(cfg: Config) -> None:
+    """The model keys that imported checkpoints set (mt/model/hf_format.py): known values, and this project's
+    special ids for a model trained from nothing (its tokenizers have <pad> 0, <unk> 1, <s> 2, </s> 3)."""
+    m = cfg.model
+    _choice("model.activation", m.activation, ("relu", "swish", "gelu"))
+    _choice("model.sinusoids", m.sinusoids, ("paper", "halves", "fairseq"))
+    if m.position_offset < 0:
+        raise ConfigError(f"model.position_offset={m.position_offset} is below its minimum 0")
+    ids = {"model.pad_id": (m.pad_id, 0), "model.unk_id": (m.unk_id, 1),
+           "model.decoder_start_id": (m.decoder_start_id, 2), "model.eos_id": (m.eos_id, 3)}  # fmt: skip
+    changed = [f"{k}={v}" for k, (v, default) in ids.items() if v != default]
+    if changed and not cfg.train.init_from:
+        raise ConfigError(f"{changed[0]}: special ids are an imported checkpoint's (train.init_from sets them); a "
+                          "model trained from nothing uses its tokenizer's (pad 0, unk 1, start 2, eos 3)")  # fmt: skip
+
+
 def validate(cfg: Config) -> None:
     """Reject values the type system lets through but the code cannot use."""
     _choice("data.format", cfg.data.format, ("parallel", "tsv", "jsonl", "hub"))
@@ -49,9 +65,10 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"data.batching=fixed keeps one set of batches for the run, which {what} cannot have; "
                           "set data.batching=pools")  # fmt: skip
     _choice("model.norm", cfg.model.norm, ("post", "pre"))
-    _choice("model.tie_embeddings", cfg.model.tie_embeddings, ("all", "decoder", "none"))
+    _choice("model.tie_embeddings", cfg.model.tie_embeddings, ("all", "decoder", "inputs", "none"))
     _choice("model.positions", cfg.model.positions, ("sinusoidal", "learned"))
     _choice("model.init", cfg.model.init, ("xavier", "fairseq"))
+    validate_model_options(cfg)
     _choice("train.schedule", cfg.train.schedule, ("noam", "inverse_sqrt", "linear", "constant"))
     _choice("train.optimizer", cfg.train.optimizer, ("adam", "adamw"))
     _choice("train.precision", cfg.train.precision, ("auto", "fp32", "bf16", "fp16"))
@@ -109,9 +126,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {cfg.data.src_lang!r}; pick two languages")
     if cfg.model.d_model % cfg.model.n_heads:
         raise ConfigError(f"model.d_model={cfg.model.d_model} is not divisible by model.n_heads={cfg.model.n_heads}")
-    if cfg.model.tie_embeddings == "all" and not cfg.tokenizer.joint:
+    if cfg.model.tie_embeddings in ("all", "inputs") and not cfg.tokenizer.joint:
         raise ConfigError(
-            "model.tie_embeddings=all needs a joint vocabulary; set tokenizer.joint=true "
+            f"model.tie_embeddings={cfg.model.tie_embeddings} needs a joint vocabulary; set tokenizer.joint=true "
             "or model.tie_embeddings=decoder"
         )
     if cfg.train.schedule == "linear" and not (cfg.train.max_updates or cfg.train.max_time):

@@ -23,7 +23,7 @@ import torch
 from torch.utils.data import Sampler
 
 from mt.config import BATCH_FORMATIONS
-from mt.data.tokenizer import BOS, EOS, PAD
+from mt.data.tokenizer import PAD, PAPER_FRAMING, Framing
 
 
 def make_batches(src_lens: np.ndarray, tgt_lens: np.ndarray, max_tokens: int, order: np.ndarray) -> list[np.ndarray]:
@@ -239,14 +239,20 @@ def pad(seqs: list[list[int]], value: int = PAD) -> torch.Tensor:
     return out
 
 
-def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None, ids: list[int]) -> Batch:
-    """Build a Batch from token ids without specials; `tgt_ids=None` for decoding-only batches."""
-    src = pad([s + [EOS] for s in src_ids])
+def collate(src_ids: list[list[int]], tgt_ids: list[list[int]] | None, ids: list[int],
+            framing: Framing = PAPER_FRAMING) -> Batch:  # fmt: skip
+    """Build a Batch from token ids without specials; `tgt_ids=None` for decoding-only batches. `framing`: the
+    model's special ids and language tokens (this project's by default)."""
+    sp, src_lead, tgt_lead = framing.specials, list(framing.src_lead), list(framing.tgt_lead)
+    src = pad([src_lead + s + [sp.eos] for s in src_ids], sp.pad)
+    src_pad_mask = src.eq(sp.pad)
     if tgt_ids is None:
         empty = torch.zeros(len(src_ids), 0, dtype=torch.long)
-        return Batch(src, empty, empty, src.eq(PAD), int(src.ne(PAD).sum()), 0, ids)
-    tgt_in, tgt_out = pad([[BOS] + t for t in tgt_ids]), pad([t + [EOS] for t in tgt_ids])
-    return Batch(src, tgt_in, tgt_out, src.eq(PAD), int(src.ne(PAD).sum()), int(tgt_out.ne(PAD).sum()), ids)
+        return Batch(src, empty, empty, src_pad_mask, int((~src_pad_mask).sum()), 0, ids)
+    tgt_in = pad([[sp.start] + tgt_lead + t for t in tgt_ids], sp.pad)
+    tgt_out = pad([tgt_lead + t + [sp.eos] for t in tgt_ids], sp.pad)
+    n_tgt = int(tgt_out.ne(sp.pad).sum())
+    return Batch(src, tgt_in, tgt_out, src_pad_mask, int((~src_pad_mask).sum()), n_tgt, ids)
 
 
 class BatchLoader:
@@ -258,15 +264,17 @@ class BatchLoader:
     batches handed out, so a checkpoint taken between two of them resumes exactly.
     """
 
-    def __init__(self, dataset, sampler: TokenBucketSampler, prefetch: int = 0, pin_memory: bool = False):
+    def __init__(self, dataset, sampler: TokenBucketSampler, prefetch: int = 0, pin_memory: bool = False,
+                 framing: Framing = PAPER_FRAMING):  # fmt: skip
         self.dataset, self.sampler, self.prefetch, self.pin_memory = dataset, sampler, prefetch, pin_memory
+        self.framing = framing
 
     def __len__(self) -> int:
         return len(self.sampler)
 
     def _collate(self, idx: list[int]) -> Batch:
         rows = self.dataset[idx]
-        batch = collate(rows["src_ids"], rows["tgt_ids"], idx)
+        batch = collate(rows["src_ids"], rows["tgt_ids"], idx, self.framing)
         return batch.pin_memory() if self.pin_memory else batch
 
     def __iter__(self) -> Iterator[Batch]:

@@ -24,7 +24,16 @@ from mt.data.bpe_dropout import BPEDropoutSegments
 from mt.data.holdout import Without, held_out_pairs, hold_out
 from mt.data.pretokenize import moses
 from mt.data.read import TextPairs
-from mt.data.tokenizer import Vocab, Vocabs, balanced_sample, load_run_vocabs, sample_pairs, train_vocab, train_vocab_on
+from mt.data.tokenizer import (
+    Framing,
+    Vocab,
+    Vocabs,
+    balanced_sample,
+    load_run_vocabs,
+    sample_pairs,
+    train_vocab,
+    train_vocab_on,
+)
 from mt.errors import TokenizerError
 from mt.run_dir import resume_path
 
@@ -78,6 +87,7 @@ class Corpus:
     train_lengths: tuple[np.ndarray, np.ndarray]  # `train`'s source and target lengths (no </s>, <s>; tags in)
     mix: Mix | None = None  # with `data.corpora` or `data.directions`
     directions: list[Direction] | None = None  # with `data.directions`; `valid` is then theirs end to end
+    framing: Framing = Framing()  # the model's special ids and language tokens (an imported model's differ)
 
 
 def training_parts(dc: DataConfig) -> list[tuple[DataConfig, str | None, float]]:
@@ -135,23 +145,26 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int, vocabs: Vocabs 
     else:
         vocabs.save(run_dir)
         source = f"train.init_from={cfg.train.init_from}: its tokenizer"
-    missing = [tag for tag in tags if vocabs.src.tokenizer.token_to_id(tag) is None]
+    missing = [tag for tag in tags if vocabs.src.token_to_id(tag) is None]
     if missing:
         raise ConfigError(f"{source} has no {missing[0]} token, which this run puts before sources "
                           "(data.directions, data.corpora tags); give a tokenizer trained with it")  # fmt: skip
+    framing = vocabs.framing(dc.src_lang, dc.tgt_lang)  # (a language the model lacks: a one-line error, now)
+    leads = len(framing.src_lead), len(framing.tgt_lead)
     max_len = min(dc.max_len, max_positions - 1)  # -1: room for </s> or <s>
     tables, lengths, kept, tag_ids = [], [], [], []
     for text, (_, tag, _) in zip(texts, parts):
         tokens = tokenize_pairs(text, vocabs, read.cache_root(dc))
         src_len, tgt_len = read.length_columns(tokens)
         src_len = src_len + 1 if tag else src_len  # the tag is a source token too
+        src_len, tgt_len = src_len + leads[0], tgt_len + leads[1]  # and an imported model's language tokens
         rows = read.length_filter(src_len, tgt_len, max_len, dc.max_ratio, text.where)
         if held is not None and not kept:  # the main corpus: the first
             rows = np.setdiff1d(rows, held, assume_unique=True)
         tables.append(read.select_rows(tokens, rows))
         lengths.append((src_len[rows], tgt_len[rows]))
         kept.append(rows)
-        tag_ids.append(np.full(len(rows), vocabs.src.tokenizer.token_to_id(tag) if tag else -1, dtype=np.int64))
+        tag_ids.append(np.full(len(rows), vocabs.src.token_to_id(tag) if tag else -1, dtype=np.int64))
     if dc.directions:
         directions = validation_directions(dc, vocabs, max_len)
         valid = datasets.concatenate_datasets([d.valid for d in directions])
@@ -161,16 +174,16 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int, vocabs: Vocabs 
             valid = held_out_pairs(texts[0], held, run_dir)
         else:
             valid = read.drop_empty(read.load_split(dc, dc.valid_split), f"{dc.name}/{dc.valid_split}")
-        valid = truncate(tokenize(valid, vocabs), max_len, dc.valid_split)
+        valid = truncate(tokenize(valid, vocabs), max_len - max(leads), dc.valid_split)
     if len(parts) == 1 and not tags:
-        return Corpus(vocabs, tables[0], valid, texts[0], kept[0], lengths[0])
+        return Corpus(vocabs, tables[0], valid, texts[0], kept[0], lengths[0], framing=framing)
     part = np.concatenate([np.full(len(r), i, dtype=np.int64) for i, r in enumerate(kept)])
     mix = Mix(part, [w for _, _, w in parts], np.concatenate(tag_ids))
     train_lengths = (np.concatenate([s for s, _ in lengths]), np.concatenate([t for _, t in lengths]))
     for (p, tag, weight), rows in zip(parts, kept):
         log.info("corpus %s: %d pairs, weight %g%s", p.name, len(rows), weight, f", tag {tag}" if tag else "")
     return Corpus(vocabs, datasets.concatenate_datasets(tables), valid, every, np.concatenate(kept), train_lengths,
-                  mix, directions)  # fmt: skip
+                  mix, directions, framing)  # fmt: skip
 
 
 def validation_directions(dc: DataConfig, vocabs: Vocabs, max_len: int) -> list[Direction]:
@@ -178,7 +191,7 @@ def validation_directions(dc: DataConfig, vocabs: Vocabs, max_len: int) -> list[
     out = []
     for name in dc.directions:
         config = direction_config(dc, name)
-        tag = vocabs.src.tokenizer.token_to_id(target_token(config.tgt_lang))
+        tag = vocabs.src.token_to_id(target_token(config.tgt_lang))
         split = read.drop_empty(read.load_split(config, dc.valid_split), f"{config.name}/{dc.valid_split}")
         valid = with_tag(truncate(tokenize(split, vocabs), max_len - 1, dc.valid_split), tag)
         out.append(Direction(name, config, tag, valid))
@@ -428,9 +441,12 @@ def training_batches(corpus: Corpus, cfg: Config, world: int, rank: int, cuda: b
     if not tc.bpe_dropout:
         table = corpus.train.select_columns(["src_ids", "tgt_ids"])
         rows = TaggedRows(table, corpus.mix.tags) if corpus.mix is not None else table
-        return sampler, BatchLoader(rows, sampler, **ahead), None
+        return sampler, BatchLoader(rows, sampler, framing=corpus.framing, **ahead), None
     if corpus.mix is not None:
         raise ConfigError("train.bpe_dropout with data.corpora is not supported; set train.bpe_dropout=0")
+    if corpus.vocabs.family != "bpe":
+        raise ConfigError("train.bpe_dropout re-segments with this project's BPE; an imported model's tokenizer "
+                          "(train.init_from) has none: set train.bpe_dropout=0")  # fmt: skip
     if len(corpus.train) > BPE_DROPOUT_MAX_PAIRS:
         raise ConfigError(
             f"train.bpe_dropout={tc.bpe_dropout} re-segments every training pair in memory each epoch and sends "

@@ -33,10 +33,50 @@ PRETOKENIZE_FILE = "pretokenize.json"  # beside tokenizer.json: tokenizer.pretok
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
+@dataclass(frozen=True)
+class Specials:
+    """A model's special token ids (model.pad_id, unk_id, decoder_start_id, eos_id): this project's tokenizers'
+    fixed ones by default, another toolkit's for an imported model (Marian: </s> 0, <unk> 1, <pad> last and the
+    decoder's first token; NLLB: <pad> 1, </s> 2 and the decoder's first token, <unk> 3)."""
+
+    pad: int = PAD
+    unk: int = UNK
+    start: int = BOS
+    eos: int = EOS
+
+    @classmethod
+    def of(cls, model_cfg) -> Specials:
+        """The ids of a ModelConfig (this project's where it names none: a test's oracle model)."""
+        ids = ("pad_id", "unk_id", "decoder_start_id", "eos_id")
+        return cls(*(getattr(model_cfg, name, default) for name, default in zip(ids, (PAD, UNK, BOS, EOS))))
+
+    @property
+    def never(self) -> tuple[int, ...]:
+        """Ids a search never outputs: <pad>, and the decoder's first token unless it is </s> (NLLB's)."""
+        return (self.pad,) if self.start in (self.pad, self.eos) else (self.pad, self.start)
+
+
+@dataclass(frozen=True)
+class Framing:
+    """How a pair's subword ids become the model's input: the special ids, and the language tokens some imported
+    models read (a multilingual OPUS-MT model: the target language's >>xx<< first in the source; NLLB: the source
+    language's code first in the source, the target language's first in the target, forced when decoding)."""
+
+    specials: Specials = Specials()
+    src_lead: tuple[int, ...] = ()
+    tgt_lead: tuple[int, ...] = ()
+
+
+PAPER_FRAMING = Framing()  # this project's own models: fixed ids, no language tokens
+
+
 class Vocab:
     """One BPE tokenizer: text <-> ids without special tokens (the model adds <s> and </s> itself). With `moses`
     (tokenizer.pretokenize=moses), text is Moses-tokenized in its language before the BPE and detokenized after;
     with `case_markup` (tokenizer.case_markup), lowercased with case marks (after Moses) and cased again."""
+
+    specials = Specials()  # this project's fixed ids (an imported tokenizer's differ: mt/data/hub_vocab.py)
+    family = "bpe"
 
     def __init__(self, tokenizer: Tokenizer, moses: Moses | None = None, case_markup: bool = False):
         self.tokenizer, self.moses, self.case_markup = tokenizer, moses, case_markup
@@ -48,12 +88,38 @@ class Vocab:
         normalizer = tokenizer.normalizer
         joiner = moses.joiner if moses is not None else None
         self._joiner_in_tokens = normalizer.normalize_str(joiner) if joiner and normalizer is not None else joiner
+        self.check_specials()
+
+    def check_specials(self) -> None:
         for i, tok in enumerate(SPECIALS):
-            if tokenizer.token_to_id(tok) != i:
-                raise TokenizerError(f"tokenizer has {tok} at id {tokenizer.token_to_id(tok)}, expected {i}")
+            if self.tokenizer.token_to_id(tok) != i:
+                raise TokenizerError(f"tokenizer has {tok} at id {self.tokenizer.token_to_id(tok)}, expected {i}")
 
     def __len__(self) -> int:
         return self.tokenizer.get_vocab_size()
+
+    def shares_ids(self, other) -> bool:
+        return getattr(other, "tokenizer", None) is self.tokenizer
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tokenizer.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.tokenizer.id_to_token(i)
+
+    def get_vocab(self) -> dict[str, int]:
+        """{token: id} of every type, special ones included."""
+        return self.tokenizer.get_vocab()
+
+    def added_tokens(self) -> dict[int, str]:
+        """{id: token} of the tokens added whole (the specials, tags such as <2de> or <bt>)."""
+        return {i: t.content for i, t in self.tokenizer.get_added_tokens_decoder().items()}
+
+    def unknown_spans(self, text: str) -> list[str]:
+        """The pieces of `text` (as the BPE sees it) that become <unk>: what the vocabulary lacks."""
+        seen = self.pretokenized([text])[0]
+        enc = self.tokenizer.encode(seen, add_special_tokens=False)
+        return [seen[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == self.specials.unk]
 
     def pretokenized(self, texts: list[str]) -> list[str]:
         """`texts` as the BPE sees them: Moses-tokenized with `moses`, case-marked with `case_markup`."""
@@ -145,6 +211,16 @@ class Vocabs:
         return self.src.tokenizer is self.tgt.tokenizer
 
     @property
+    def family(self) -> str:
+        """Whose tokenizers: "bpe" (this project's), or an imported checkpoint's (mt/data/hub_vocab.py)."""
+        return "bpe"
+
+    def framing(self, src_lang: str | None = None, tgt_lang: str | None = None) -> Framing:
+        """The special ids and language tokens of a pair (this project's: fixed ids; a multilingual model's <2xx>
+        tokens are put before its sources by the corpus and the translator)."""
+        return Framing()
+
+    @property
     def pretokenize(self) -> dict | None:
         """How text is prepared before the BPE: {"kind": "moses", "src_lang": .., "tgt_lang": .., "joiner": ..},
         with "case_markup": true when words are case-marked ({"kind": "none", "case_markup": true} without Moses);
@@ -178,6 +254,10 @@ class Vocabs:
 
     @classmethod
     def from_json(cls, d: dict) -> Vocabs:
+        if "family" in d:  # an imported checkpoint's tokenizers
+            from mt.data.hub_vocab import HubVocabs
+
+            return HubVocabs.from_json(d)
         src = Tokenizer.from_str(d["src"])
         tgt = src if d["tgt"] is None else Tokenizer.from_str(d["tgt"])
         return cls.of(src, tgt, d.get("pretokenize"))

@@ -14,7 +14,7 @@ import torch
 from mt import runtime
 from mt.config import ConfigError, DecodeConfig
 from mt.data.batching import collate, pad
-from mt.data.tokenizer import Vocabs
+from mt.data.tokenizer import Framing, Specials, Vocabs
 from mt.decode.constraints import Constraints, constrained_beam_search
 from mt.decode.ct2 import CTranslate2Model
 from mt.decode.search import Hypothesis, max_lengths, output_cap, search
@@ -76,11 +76,18 @@ def translate_ids(
     prefixes: list[list[int]] | None = None,
     line_numbers: list[int] | None = None,
     constraints: list[Constraints] | None = None,
+    framing: Framing | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode token-id sources (no specials) and return hypotheses in input order. An empty source gives
     `nbest` empty hypotheses (an empty line in, an empty line out). `prefixes`: target ids each line's
     hypotheses start with (empty = none). `line_numbers`: each source's number in its input (default 0, 1, ...),
-    which with `cfg.seed` decides its samples. `constraints`: each line's target phrases (mt/decode/constraints.py)."""
+    which with `cfg.seed` decides its samples. `constraints`: each line's target phrases (mt/decode/constraints.py).
+    `framing`: the model's special ids and language tokens (default: the model's ids, no language tokens); a
+    target-language token is forced first and left out of the hypotheses returned."""
+    framing = framing or Framing(Specials.of(model.cfg))
+    lead = list(framing.tgt_lead)
+    if lead:  # forced first, then each line's prefix
+        prefixes = [lead + (p if prefixes else []) for p in (prefixes or [[]] * len(src_ids))]
     out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]
     nonempty = [i for i, s in enumerate(src_ids) if s]
     lengths = [len(src_ids[i]) + 1 for i in nonempty]
@@ -91,8 +98,9 @@ def translate_ids(
         model = quantize_int8(model)
     for batch_pos in token_batches(lengths, cfg.max_tokens):
         idx = [nonempty[p] for p in batch_pos]
-        batch = collate([src_ids[i] for i in idx], None, idx)
-        prefix = pad([prefixes[i] for i in idx]) if prefixes and any(prefixes[i] for i in idx) else None
+        batch = collate([src_ids[i] for i in idx], None, idx, framing)
+        pad_id = framing.specials.pad
+        prefix = pad([prefixes[i] for i in idx], pad_id) if prefixes and any(prefixes[i] for i in idx) else None
         uniforms = None
         if cfg.sampling:
             limits = max_lengths(batch.src_pad_mask, cfg.max_len_a, cfg.max_len_b, output_cap(model, cfg))
@@ -108,7 +116,7 @@ def translate_ids(
             else:
                 hyps = search(model, batch.src, batch.src_pad_mask, cfg, prefix, uniforms)
         for i, h in zip(idx, hyps):
-            out[i] = h
+            out[i] = [Hypothesis(x.tokens[len(lead) :], x.score, x.logprob) for x in h] if lead else h
     return out
 
 
@@ -164,6 +172,7 @@ def decode_ids(
     line_numbers: list[int] | None = None,
     constraints: list[Constraints] | None = None,
     stop=None,
+    framing: Framing | None = None,
 ) -> list[list[Hypothesis]]:
     """Hypotheses for token-id sources with this project's search, or CTranslate2's for an export (see
     `mt.decode.batched.translate_ids` for `prefixes`, `line_numbers` and `constraints`). `stop()`: asked before each
@@ -177,4 +186,4 @@ def decode_ids(
         return model.translate_ids(src_ids, cfg, prefixes)
     if stop is not None:
         model = Stoppable(model, stop)
-    return translate_ids(model, src_ids, cfg, device, amp, prefixes, line_numbers, constraints)
+    return translate_ids(model, src_ids, cfg, device, amp, prefixes, line_numbers, constraints, framing)

@@ -45,6 +45,7 @@ from mt.decode.search import (
     drop_done,
     finalize,
     is_done,
+    renormalized,
     topk_rows,
 )
 
@@ -57,11 +58,13 @@ class Constraints:
     machine over the tokens a hypothesis emits; with `boundary` (the token ids that end a word before them), each
     phrase must be followed by one of them."""
 
-    def __init__(self, phrases: list[list[int]], ordered: bool = False, boundary: frozenset[int] | None = None):
+    def __init__(self, phrases: list[list[int]], ordered: bool = False, boundary: frozenset[int] | None = None,
+                 eos: int = EOS):  # fmt: skip
         end = (BOUNDARY,) if boundary is not None else ()
+        self.eos = eos
         self.phrases = tuple(tuple(p) + end for p in phrases if p)
         self.ordered = ordered
-        self.boundary = boundary | {EOS} if boundary is not None else frozenset()
+        self.boundary = boundary | {eos} if boundary is not None else frozenset()
         self.total = sum(len(p) for p in self.phrases)  # constraint elements: the highest bank
         self.tokens = self.total - len(end) * len(self.phrases)  # the output tokens the phrases take
         self.start: State = (tuple(1 for _ in self.phrases), ())
@@ -133,12 +136,12 @@ class Constraints:
 
     def may_end(self, state: State) -> bool:
         """Whether </s> may follow: it meets every phrase not yet met (</s> ends the last word)."""
-        return self.done(self.advance(state, EOS))
+        return self.done(self.advance(state, self.eos))
 
     def count_met(self, tokens: list[int]) -> int:
         """How many of the phrases the hypothesis `tokens` (without </s>) contains, in this object's order rule."""
         state = self.start
-        for t in [*tokens, EOS]:
+        for t in [*tokens, self.eos]:
             state = self.advance(state, t)
         return len(self.phrases) - sum(state[0])
 
@@ -160,7 +163,7 @@ def _select(state: BeamState, lines: list[Constraints], states: list[State], sco
             extra: list[tuple[int, int, float]]):  # fmt: skip
     """Per live sentence: its K best candidates in stripe order (for those ending in </s>) and its K beams (the
     first K that do not end), as host arrays (n, K) of scores, parent beams and tokens, and the beams' states."""
-    n, K = len(state.sentence), state.K
+    n, K, EOS = len(state.sentence), state.K, state.sp.eos
     by_sentence: list[dict[tuple[int, int], float]] = [{} for _ in range(n)]
     for row, c in zip(*np.nonzero(np.isfinite(scores))):
         by_sentence[row // K][(row % K, int(tokens[row, c]))] = float(scores[row, c])
@@ -207,9 +210,10 @@ def constrained_beam_search(
         logits, log_norm = _next_logits(model, state.tokens, state.memory, state.src_pad_mask, state.cache)
         forced = state.prefix.repeat_interleave(K, 0) if state.prefix is not None else None
         at_limit = min(state.limits) <= step + 1
-        logits = _constrain(logits, step, state.max_len.repeat_interleave(K), cfg, at_limit, forced)
+        logits = _constrain(logits, step, state.max_len.repeat_interleave(K), cfg, at_limit, forced, state.sp)
+        log_norm = renormalized(logits, log_norm, cfg)
         unmet = [not live_lines[r // K].may_end(s) for r, s in enumerate(states)]
-        logits[torch.tensor(unmet, device=device), EOS] = -math.inf  # no ending before every phrase is met
+        logits[torch.tensor(unmet, device=device), state.sp.eos] = -math.inf  # no ending before all are met
         C = min(2 * K, logits.size(-1))
         cand_logits, cand_tokens = topk_rows(logits, C)  # (n*K, C)
         cand_scores = state.scores.view(-1, 1) + cand_logits - log_norm

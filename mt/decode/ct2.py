@@ -68,7 +68,7 @@ class CTranslate2Model:
                 continue
             limit = min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), output_cap(self, cfg))
             groups[max(1, limit)].append(i)
-        src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt.tokenizer
+        src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt
         sampling = {}
         if cfg.sampling:
             require_ctranslate2().set_random_seed(cfg.seed)

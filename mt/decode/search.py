@@ -21,7 +21,7 @@ from torch import Tensor
 
 from mt import runtime
 from mt.config import DecodeConfig
-from mt.data.tokenizer import BOS, EOS, PAD, UNK
+from mt.data.tokenizer import Specials
 
 
 @dataclass
@@ -65,6 +65,13 @@ def _next_logits(model, tokens: Tensor, memory: Tensor, src_pad_mask: Tensor, ca
     return logits, torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
+def renormalized(logits: Tensor, log_norm: Tensor, cfg: DecodeConfig) -> Tensor:
+    """The log-normaliser scores are taken against: the model's (`_next_logits`), or with `decode.renormalize`
+    the restricted logits' own (transformers' renormalize_logits: a forced token scores 0, a banned one's
+    probability goes to the others)."""
+    return torch.logsumexp(logits, dim=-1, keepdim=True) if cfg.renormalize else log_norm
+
+
 def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     """torch.topk(x, k, dim=-1) for (N, V) logits with V >> k, in two cheap passes on the CPU.
 
@@ -88,17 +95,19 @@ def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
     return values, cols.gather(1, j)
 
 
-def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig, limit_reached: bool) -> Tensor:
-    """Never <pad> or <s> (optionally <unk>), no </s> before `min_len`; at the length limit `max_len` (N,) only </s>
-    (even before `min_len`). `limit_reached`: whether any row is at its limit, which the host knows.
-    Works in place on logits or log-probabilities (N, V), without reading them back (no boolean indexing)."""
+def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig, limit_reached: bool, sp: Specials) -> Tensor:
+    """Never <pad> or <s> (`Specials.never`; optionally <unk>), no </s> before `min_len`; at the length limit
+    `max_len` (N,) only </s> (even before `min_len`). `limit_reached`: whether any row is at its limit, which the
+    host knows. Works in place on logits or log-probabilities (N, V), without reading them back (no boolean
+    indexing)."""
+    EOS = sp.eos
     if limit_reached:
         at_limit = (max_len <= step + 1)[:, None]  # (N, 1) this step writes the last allowed position
         eos = logp[:, EOS : EOS + 1].clone()
-    logp[:, PAD] = -math.inf
-    logp[:, BOS] = -math.inf
+    for token in sp.never:
+        logp[:, token] = -math.inf
     if cfg.no_unk:
-        logp[:, UNK] = -math.inf
+        logp[:, sp.unk] = -math.inf
     if step < cfg.min_len:
         logp[:, EOS] = -math.inf
     if limit_reached:  # the length cap wins over min_len: a hypothesis must end somewhere
@@ -108,7 +117,13 @@ def _forbid(logp: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig, limit_r
 
 
 def _constrain(
-    logits: Tensor, step: int, max_len: Tensor, cfg: DecodeConfig, limit_reached: bool, prefix: Tensor | None
+    logits: Tensor,
+    step: int,
+    max_len: Tensor,
+    cfg: DecodeConfig,
+    limit_reached: bool,
+    prefix: Tensor | None,
+    sp: Specials,
 ) -> Tensor:
     """`_forbid`, then the target prefix: a row whose prefix (N, P), padded with <pad>, has a token at `step` may
     only take that token, at the model's own score for it (even where `_forbid` would ban it, e.g. <unk>)."""
@@ -116,10 +131,10 @@ def _constrain(
     if forcing:
         token = prefix[:, step : step + 1]  # (N, 1)
         score = logits.gather(1, token)
-    logits = _forbid(logits, step, max_len, cfg, limit_reached)
+    logits = _forbid(logits, step, max_len, cfg, limit_reached, sp)
     if forcing:
         forced = torch.full_like(logits, -math.inf).scatter_(1, token, score)
-        logits = torch.where(token != PAD, forced, logits)
+        logits = torch.where(token != sp.pad, forced, logits)
     return logits
 
 
@@ -168,28 +183,29 @@ def sample_search(
 def _one_token_per_row(model, src, src_pad_mask, cfg: DecodeConfig, choose, prefix) -> list[list[Hypothesis]]:
     """Greedy search and sampling: `choose(logits, step)` picks each row's next token until every row has emitted
     </s>; a row's score is the model's log-probability of its tokens."""
-    B, device = src.size(0), src.device
+    B, device, sp = src.size(0), src.device, Specials.of(model.cfg)
     memory = model.encode(src, src_pad_mask)
     max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, output_cap(model, cfg))
     shortest, longest = torch.stack(max_len.aminmax()).tolist()
     cache = model.new_cache() if cfg.use_cache else None
-    tokens = torch.full((B, 1), BOS, dtype=torch.long, device=device)
+    tokens = torch.full((B, 1), sp.start, dtype=torch.long, device=device)
     logprob = torch.zeros(B, device=device)
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     for step in range(longest):
         logits, log_norm = _next_logits(model, tokens, memory, src_pad_mask, cache)
-        logits = _constrain(logits, step, max_len, cfg, shortest <= step + 1, prefix)
+        logits = _constrain(logits, step, max_len, cfg, shortest <= step + 1, prefix, sp)
+        log_norm = renormalized(logits, log_norm, cfg)
         next_tok = choose(logits, step)
         best = logits.gather(1, next_tok[:, None]).squeeze(1) - log_norm.squeeze(1)
-        next_tok = next_tok.masked_fill(finished, PAD)
+        next_tok = next_tok.masked_fill(finished, sp.pad)
         logprob += best.masked_fill(finished, 0.0)
         tokens = torch.cat([tokens, next_tok[:, None]], dim=1)
-        finished |= next_tok == EOS
+        finished |= next_tok == sp.eos
         if finished.all():  # the step's one read
             break
     out = []
     for seq, raw in zip(tokens[:, 1:].tolist(), logprob.tolist()):
-        n = seq.index(EOS) if EOS in seq else len(seq)
+        n = seq.index(sp.eos) if sp.eos in seq else len(seq)
         lp = length_penalty(n + 1, cfg.length_penalty, cfg.length_penalty_type)
         out.append([Hypothesis(seq[:n], raw / lp, raw)])
     return out
@@ -203,12 +219,13 @@ class BeamState:
     def __init__(self, model, src: Tensor, src_pad_mask: Tensor, cfg: DecodeConfig, prefix: Tensor | None = None):
         B, K, device = src.size(0), cfg.beam_size, src.device
         self.K, self.cfg, self.prefix = K, cfg, prefix  # prefix (B, P): target tokens forced first, <pad> after
+        self.sp = Specials.of(model.cfg)
         # (B, S, D): the K beams of a sentence (rows i*K .. i*K+K-1 of the decoder batch) share its encoder output.
         self.memory, self.src_pad_mask = model.encode(src, src_pad_mask), src_pad_mask
         self.max_len = max_lengths(src_pad_mask, cfg.max_len_a, cfg.max_len_b, output_cap(model, cfg))
         self.limits: list[int] = self.max_len.tolist()  # the same on the host, per live sentence
         self.cache = model.new_cache() if cfg.use_cache else None
-        self.tokens = torch.full((B * K, 1), BOS, dtype=torch.long, device=device)
+        self.tokens = torch.full((B * K, 1), self.sp.start, dtype=torch.long, device=device)
         # Only beam 0 is live at the start, so the first expansion does not pick K copies of the same token.
         self.scores = torch.full((B, K), -math.inf, device=device)
         self.scores[:, 0] = 0.0
@@ -246,7 +263,7 @@ def prune(state: BeamState, scores: Tensor, beams: Tensor, tokens: Tensor) -> tu
     """Keep the K best candidates not ending in </s> as the new beams; reorder tokens and cache to match. Returns
     the kept candidates' parent beams and tokens (n, K)."""
     n, K = state.scores.shape
-    live_scores = scores.masked_fill(tokens == EOS, -math.inf)
+    live_scores = scores.masked_fill(tokens == state.sp.eos, -math.inf)
     keep_scores, keep = live_scores.topk(K, dim=1)  # (n, K) positions among the 2K candidates
     beam, token = beams.gather(1, keep), tokens.gather(1, keep)
     rows = (torch.arange(n, device=beam.device)[:, None] * K + beam).view(-1)  # (n*K,) parent rows
@@ -262,7 +279,7 @@ def finalize(state: BeamState, step: int, scores: np.ndarray, beams: np.ndarray,
     hypotheses; their tokens are their parent beam's."""
     K, cfg = state.K, state.cfg
     lp = length_penalty(step + 1, cfg.length_penalty, cfg.length_penalty_type)  # step + 1 tokens, </s> included
-    for i, j in zip(*np.nonzero((tokens == EOS) & np.isfinite(scores))):  # row-major, as the candidates rank
+    for i, j in zip(*np.nonzero((tokens == state.sp.eos) & np.isfinite(scores))):  # row-major, as candidates rank
         raw, sent = float(scores[i, j]), state.sentence[i]
         hyps, hyp = state.finished[sent], Hypothesis(unlink(state.links[i * K + int(beams[i, j])]), raw / lp, raw)
         if len(hyps) < K:
@@ -282,10 +299,17 @@ def is_done(state: BeamState, step: int, best_live: list[float]) -> list[bool]:
     the length penalty divides them by at most its value at the length limit), or, with a length penalty, K
     hypotheses ended (fairseq's rule: that bound is loose there, and waiting for it would decode most sentences to
     the limit). Without a penalty the bound is exact and the search never stops while a live beam could still win
-    (CTranslate2 stops likewise)."""
+    (CTranslate2 stops likewise). With `decode.early_stopping=false` and a penalty, transformers' default rule: K
+    hypotheses ended and the best live beam, scored at its current length, does not beat the worst of them."""
     cfg, done = state.cfg, []
+    heuristic = not cfg.early_stopping and cfg.length_penalty > 0
     for sent, limit, bound in zip(state.sentence, state.limits, best_live):
         n_finished = len(state.finished[sent])
+        if heuristic:
+            hyps = state.finished[sent]
+            now = bound / length_penalty(step + 1, cfg.length_penalty, cfg.length_penalty_type)
+            done.append(limit <= step + 1 or (n_finished >= state.K and now <= min(h.score for h in hyps)))
+            continue
         if cfg.length_penalty > 0:
             bound = bound / length_penalty(limit, cfg.length_penalty, cfg.length_penalty_type)
         k_ended = cfg.length_penalty > 0 and n_finished >= state.K
@@ -319,7 +343,8 @@ def beam_search(
         logits, log_norm = _next_logits(model, state.tokens, state.memory, state.src_pad_mask, state.cache)
         limit_reached = min(state.limits) <= step + 1
         forced = state.prefix.repeat_interleave(K, 0) if state.prefix is not None else None
-        logits = _constrain(logits, step, state.max_len.repeat_interleave(K), cfg, limit_reached, forced)
+        logits = _constrain(logits, step, state.max_len.repeat_interleave(K), cfg, limit_reached, forced, state.sp)
+        log_norm = renormalized(logits, log_norm, cfg)
         scores, beams, tokens = expand(state, logits, log_norm)
         kept_beams, kept_tokens = prune(state, scores, beams, tokens)
         # The step's one read: the top K candidates (for those ending in </s>), the kept beams, their scores.

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from functools import cache, cached_property
 from pathlib import Path
 
 from mt.config import ConfigError, DecodeConfig
 from mt.data import files
 from mt.data.pretokenize import JOINER
-from mt.data.tokenizer import UNK, Vocab
+from mt.data.tokenizer import Vocab
 from mt.decode.constraints import Constraints
 from mt.decode.search import Hypothesis
 from mt.errors import DataError
@@ -168,8 +168,9 @@ class Tally:
 @cache
 def word_boundaries(vocab: Vocab) -> frozenset[int]:
     """The tokens before which a word has ended: those that begin a word (Metaspace's mark) and punctuation."""
-    return frozenset(i for tok, i in vocab.tokenizer.get_vocab().items()
-                     if i > UNK and (tok.startswith("\u2581") or not any(c.isalnum() for c in tok))
+    skip = set(astuple(vocab.specials))  # <pad>, <unk>, <s>, </s>
+    return frozenset(i for tok, i in vocab.get_vocab().items()
+                     if i not in skip and (tok.startswith("\u2581") or not any(c.isalnum() for c in tok))
                      and not _joins_word(tok))  # fmt: skip
 
 
@@ -227,11 +228,13 @@ def line_constraints(
             if (back := vocab.unchanged(p)) is not None:
                 raise ConfigError(f"{where}:{first_line + i + 1}: the constraint {p!r} would come back as {back!r}: "
                                   f"{vocab.why_changed(p)}")  # fmt: skip
-            if UNK in e:
-                bad = "".join(dict.fromkeys(c for c in p if UNK in vocab.encode(c)))
+            unk = vocab.specials.unk
+            if unk in e:
+                bad = "".join(dict.fromkeys(c for c in p if unk in vocab.encode(c)))
                 raise ConfigError(f"{where}:{first_line + i + 1}: the constraint {p!r} has characters the model's "
                                   f"vocabulary cannot produce ({bad!r}); remove or respell it")  # fmt: skip
-        out.append(Constraints(encoded, decode.constraint_order == "ordered", word_boundaries(vocab)))
+        ordered = decode.constraint_order == "ordered"
+        out.append(Constraints(encoded, ordered, word_boundaries(vocab), vocab.specials.eos))
     return out
 
 

@@ -28,7 +28,7 @@ import torch
 
 from mt.config import ConfigError, DecodeConfig, checkpoint_list, validate_decode
 from mt.data.batching import collate
-from mt.data.tokenizer import PAD
+from mt.data.tokenizer import Framing
 from mt.decode.batched import decode_ids, encode_within_positions, token_batches
 from mt.decode.ct2 import CTranslate2Model
 from mt.decode.lines import input_chunks, output_lines, write_output
@@ -36,6 +36,7 @@ from mt.decode.loading import load_ensemble, load_translator
 from mt.decode.search import Hypothesis, output_cap
 from mt.decode.segment import Document, refuse_with_split, split_document, split_sentences, whole_line
 from mt.decode.terminology import Glossary, Tally, check, check_search, line_constraints
+from mt.errors import TokenizerError
 from mt.model import saved
 from mt.runtime import autocast, pick_device
 
@@ -45,8 +46,8 @@ DECODE_KEYS = {f.name for f in dataclasses.fields(DecodeConfig)}
 
 def target_tokens(vocabs) -> dict[str, int]:
     """{language: id} of the target-language tokens (<2de>, ...) a multilingual model's vocabulary holds."""
-    added = vocabs.src.tokenizer.get_added_tokens_decoder()
-    return {t.content[2:-1]: i for i, t in added.items() if re.fullmatch(r"<2[^<>\s]+>", t.content)}
+    added = vocabs.src.added_tokens()
+    return {t[2:-1]: i for i, t in added.items() if re.fullmatch(r"<2[^<>\s]+>", t)}
 
 
 def decode_settings(saved: dict | None, overrides: dict) -> DecodeConfig:
@@ -72,6 +73,9 @@ class Translator:
         self.checkpoint = ckpt  # the (first) checkpoint's dict: "path", "config", "model_args"
         self.targets = target_tokens(vocabs)  # a multilingual model's {language: its <2xx> token's id}
         self.tgt_lang: str | None = None  # the default target language of a multilingual model
+        run_data = (ckpt.get("config") or {}).get("data") or {}
+        # The default source language of a model that reads one (NLLB): the run's data.src_lang.
+        self.source_lang: str | None = run_data.get("src_lang")
         self.glossary: Glossary | None = None  # applied to every input unless a call gives its own (server-wide)
 
     @classmethod
@@ -81,16 +85,19 @@ class Translator:
         device: str = "auto",
         precision: str = "fp32",
         tgt_lang: str | None = None,
+        src_lang: str | None = None,
         **decode,
     ) -> Translator:
-        """Load `path`: a run dir (its final checkpoint), a .pt file, a release dir, a CTranslate2 export, or a list
-        of the first three (an ensemble). `device`: auto | cpu | cuda[:N]; `precision`: fp32 | bf16 | fp16 | auto;
+        """Load `path`: a run dir (its final checkpoint), a .pt file, a release dir, a CTranslate2 export, a
+        transformers checkpoint (a directory or a Hub id such as Helsinki-NLP/opus-mt-de-en), or a list of this
+        project's (an ensemble). `device`: auto | cpu | cuda[:N]; `precision`: fp32 | bf16 | fp16 | auto;
         `tgt_lang`: the language a multilingual model translates into unless `translate` says otherwise (a
-        bilingual model ignores it); `decode`: any decode.* setting (beam_size=5, length_penalty=1.0,
-        max_tokens=8000, sampling=True, ...), on top of the settings the run saved."""
+        bilingual model ignores it); `src_lang`: the source language of a model that reads one (NLLB); `decode`:
+        any decode.* setting (beam_size=5, length_penalty=1.0, max_tokens=8000, sampling=True, ...), on top of
+        the settings the run saved."""
         ckpts = [saved.load(p) for p in checkpoint_list(path)]
         settings = decode_settings((ckpts[0].get("config") or {}).get("decode"), decode)
-        return cls.open(ckpts, settings, pick_device(device), precision, tgt_lang=tgt_lang)
+        return cls.open(ckpts, settings, pick_device(device), precision, tgt_lang=tgt_lang, src_lang=src_lang)
 
     @classmethod
     def open(
@@ -101,6 +108,7 @@ class Translator:
         precision: str,
         plot: bool = False,
         tgt_lang: str | None = None,
+        src_lang: str | None = None,
     ) -> Translator:
         """From loaded checkpoints (translate.py and serve.py, which take their settings from Hydra)."""
         if len(ckpts) == 1:
@@ -109,10 +117,20 @@ class Translator:
             model, vocabs, amp = load_ensemble(ckpts, decode, precision, device, plot)
             log.info("ensemble of %d models", len(ckpts))
         translator = cls(model, vocabs, decode, device, amp, ckpts[0])
-        if tgt_lang is not None and translator.targets:
+        translator.source_lang = src_lang or translator.source_lang
+        if tgt_lang is not None:
             translator.target_id(tgt_lang)  # an unknown language fails now, before any input is read
         translator.tgt_lang = tgt_lang
         return translator
+
+    def framing(self, tgt_lang: str | None = None) -> Framing:
+        """The model's special ids and language tokens for a translation into `tgt_lang` (default: the
+        translator's): an imported multilingual model's >>xxx<< or NLLB codes; a one-line ConfigError for a
+        language it has no token for, or one it needs and was not given."""
+        try:
+            return self.vocabs.framing(self.source_lang, tgt_lang or self.tgt_lang)
+        except TokenizerError as e:
+            raise ConfigError(str(e)) from None
 
     def check_terms(self, decode: DecodeConfig, where: str) -> None:
         """What constraints and glossaries need, checked once before any text is read (never only when a line
@@ -126,7 +144,11 @@ class Translator:
 
     def target_id(self, tgt_lang: str | None = None) -> int | None:
         """The <2xx> token to put before the sources: None for a bilingual model; for a multilingual one,
-        `tgt_lang`'s (or the default's), a one-line error when it is missing or unknown."""
+        `tgt_lang`'s (or the default's), a one-line error when it is missing or unknown. (An imported model's
+        language tokens are its `framing`'s, checked here too.)"""
+        if self.vocabs.family != "bpe":
+            self.framing(tgt_lang)
+            return None
         if not self.targets:
             return None
         lang = tgt_lang or self.tgt_lang
@@ -138,8 +160,8 @@ class Translator:
 
     @property
     def limit(self) -> int:
-        """Source tokens a line may have (the model's positions, less one for </s>)."""
-        return self.model.cfg.max_positions - 1
+        """Source tokens a line may have (the model's positions, less one for </s> and any language token)."""
+        return self.model.cfg.max_positions - 1 - len(self.framing().src_lead)
 
     @property
     def src_lang(self) -> str:
@@ -236,7 +258,8 @@ class Translator:
         rules = line_constraints(self.vocabs.tgt, lines, constraints, glossary or self.glossary, decode,
                                  constraints_where, first_line, tally)  # fmt: skip
         numbers = list(range(first_line, first_line + len(lines)))
-        hyps = decode_ids(self.model, src_ids, decode, self.device, self.amp, prefix_ids, numbers, rules)
+        hyps = decode_ids(self.model, src_ids, decode, self.device, self.amp, prefix_ids, numbers, rules,
+                          framing=self.framing(tgt_lang))  # fmt: skip
         check(rules, hyps, first_line, tally)
         return src_ids, hyps
 
@@ -356,17 +379,18 @@ class Translator:
         if len(src_lines) != len(tgt_lines):
             raise ConfigError(f"score: {len(src_lines)} source lines but {len(tgt_lines)} target lines; give pairs")
         src = self.encode_sources(list(src_lines), tgt_lang)
-        tgt = [t[: self.limit] for t in self.vocabs.tgt.encode_batch(list(tgt_lines))]
+        framing = self.framing(tgt_lang)
+        tgt = [t[: self.limit - len(framing.tgt_lead)] for t in self.vocabs.tgt.encode_batch(list(tgt_lines))]
         if isinstance(self.model, CTranslate2Model):
             return self.model.score_ids(src, tgt)
         out = [0.0] * len(src)
         self.model.eval()
         for idx in token_batches([len(s) + len(t) + 2 for s, t in zip(src, tgt)], self.decode.max_tokens):
-            b = collate([src[i] for i in idx], [tgt[i] for i in idx], idx).to(self.device)
+            b = collate([src[i] for i in idx], [tgt[i] for i in idx], idx, framing).to(self.device)
             with autocast(self.device, self.amp):
                 logits = self.model.decode(b.tgt_in, self.model.encode(b.src, b.src_pad_mask), b.src_pad_mask)
             logp = logits.float().log_softmax(-1).gather(-1, b.tgt_out[..., None]).squeeze(-1)
-            sums = logp.masked_fill(b.tgt_out == PAD, 0.0).sum(1).tolist()
+            sums = logp.masked_fill(b.tgt_out == framing.specials.pad, 0.0).sum(1).tolist()
             for i, value in zip(idx, sums):
                 out[i] = value
         return out

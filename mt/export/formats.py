@@ -56,7 +56,7 @@ def _embedding(spec, embed) -> None:
 
 
 def _vocabulary(vocab) -> list[str]:
-    tokens = [vocab.tokenizer.id_to_token(i) for i in range(len(vocab))]
+    tokens = [vocab.id_to_token(i) for i in range(len(vocab))]
     tokens[PAD] = "<blank>"  # CTranslate2's name for padding
     return tokens
 

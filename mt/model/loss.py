@@ -48,28 +48,35 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, states, weight, target, eps: float, chunk: int, want_grad: bool):
+    def forward(ctx, states, weight, target, eps: float, chunk: int, want_grad: bool, pad: int, shift):
         device = states.device.type
         mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
         with torch.autocast(device, enabled=False):
             h, w = states.to(mm_dtype), weight.to(mm_dtype)
-            n_vocab = w.size(0)
+            # With a logit shift (an output bias, -inf at masked ids) the smoothing spreads over the ids left.
+            masked = torch.isinf(shift) if shift is not None else None
+            n_vocab = w.size(0) - (int(masked.sum()) if masked is not None else 0)
             loss = torch.zeros((), device=states.device)
             nll_sum = torch.zeros((), device=states.device)
             grad_h = torch.empty_like(states) if want_grad else None
             grad_w = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
             for start in range(0, h.size(0), chunk):
                 h_c, t_c = h[start : start + chunk], target[start : start + chunk]
-                keep = t_c.ne(PAD)
+                keep = t_c.ne(pad)
                 z = (h_c @ w.t()).float()  # (n, V)
+                if shift is not None:
+                    z += shift
                 lse = torch.logsumexp(z, dim=-1)
                 nll = (lse - z.gather(1, t_c.unsqueeze(1)).squeeze(1)).masked_fill(~keep, 0.0)
-                smooth = (lse - z.mean(dim=-1)).masked_fill(~keep, 0.0)
+                mean = z.mean(dim=-1) if masked is None else z.masked_fill(masked, 0.0).sum(dim=-1) / n_vocab
+                smooth = (lse - mean).masked_fill(~keep, 0.0)
                 loss += ((1 - eps) * nll + eps * smooth).sum()
                 nll_sum += nll.sum()
                 if not want_grad:
                     continue
                 g = z.sub_(lse.unsqueeze(1)).exp_().sub_(eps / n_vocab)  # softmax - eps / V, in place
+                if masked is not None:
+                    g.masked_fill_(masked, 0.0)
                 g.scatter_add_(1, t_c.unsqueeze(1), g.new_full((g.size(0), 1), -(1 - eps)))
                 g = g.mul_(keep.unsqueeze(1))
                 _add_chunk_gradients(g, h_c, w, mm_dtype, grad_h, slice(start, start + chunk), grad_w)
@@ -81,23 +88,32 @@ class _ProjectedLabelSmoothedCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, _grad_nll: torch.Tensor):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype), None, None, None, None
+        grads = grad_h * grad_loss.to(grad_h.dtype), grad_w * grad_loss.to(grad_w.dtype)
+        return (*grads, None, None, None, None, None, None)
 
 
 def projected_label_smoothed_loss(
-    states: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, eps: float, chunk: int | None = None
+    states: torch.Tensor,
+    weight: torch.Tensor,
+    target: torch.Tensor,
+    eps: float,
+    chunk: int | None = None,
+    pad: int = PAD,
+    shift: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Label-smoothed loss and NLL of the logits `states @ weight.T` without materialising them.
+    """Label-smoothed loss and NLL of the logits `states @ weight.T (+ shift)` without materialising them.
 
-    states (N, D), weight (V, D) (the output projection's, bias-free), target (N,); `chunk` rows at a time: by
-    default 256 on the CPU (the fastest on the recipe's shapes, `benchmarks/speed/loss.py`: its logits stay in
+    states (N, D), weight (V, D) (the output projection's), target (N,) with `pad` where nothing is scored;
+    `shift` (V,): a fixed output bias, -inf at ids never predicted (`Transformer.logit_shift`); `chunk` rows at a
+    time: by default 256 on the CPU (the fastest on the recipe's shapes, `benchmarks/speed/loss.py`: its logits stay in
     cache) and 8,192 on CUDA (large matmuls keep the GPU busy; memory stays bounded for large vocabularies). Under
     `train.compile` it runs eagerly (`run_eagerly_under_compile`)."""
     chunk = chunk or (8192 if runtime.on_cuda(states.device) else 256)
     # forward() runs with autograd off, so whether gradients will be wanted is decided here
     want_grad = torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad)
     states = states.reshape(-1, states.size(-1))
-    return _ProjectedLabelSmoothedCE.apply(states, weight, target.reshape(-1), eps, chunk, want_grad)
+    shift = shift.float() if shift is not None else None
+    return _ProjectedLabelSmoothedCE.apply(states, weight, target.reshape(-1), eps, chunk, want_grad, pad, shift)
 
 
 class _ProjectedRDrop(torch.autograd.Function):

@@ -15,6 +15,7 @@ import torch
 
 from mt.data.tokenizer import PRETOKENIZE_FILE, Vocabs, read_tokenizer_files
 from mt.errors import CheckpointError
+from mt.model import hub
 from mt.model.transformer import Transformer
 
 FORMAT_VERSION = 1  # a checkpoint's "format"
@@ -58,11 +59,11 @@ def _unpickle(path: Path) -> dict:
 
 def load(path: str | Path) -> dict:
     """Load a checkpoint onto the CPU: a .pt file, a run dir (its final, else best, else last checkpoint), a release
-    dir (`mt.export release`: safetensors, no pickle) or a CTranslate2 export (`mt.export ctranslate2`)."""
+    dir (`mt.export release`: safetensors, no pickle), a CTranslate2 export (`mt.export ctranslate2`), or a
+    transformers checkpoint (a directory, or a Hub id such as Helsinki-NLP/opus-mt-de-en: mt/model/hub.py)."""
+    if hub.looks_like_hub_id(str(path)) or hub.is_transformers_dir(Path(path)):
+        return hub.load_transformers(path)
     path = Path(path)
-    if path.is_dir() and (path / "mt_export.json").is_file():  # mt.export transformers
-        raise CheckpointError(f"{path}: a Hugging Face transformers export, loaded by transformers "
-                              "(AutoModelForSeq2SeqLM); give the run dir or a release instead")  # fmt: skip
     if path.is_dir() and (path / "model.safetensors").is_file():
         return load_release(path)
     if path.is_dir() and (path / "mt.json").is_file():
@@ -139,9 +140,17 @@ def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:
     else:
         model.load_state_dict(ckpt["model"])
     vocabs = Vocabs.from_json(ckpt["tokenizer"])
-    if len(vocabs.src) != model.src_vocab or len(vocabs.tgt) != model.tgt_vocab:
+    sizes = (len(vocabs.src), len(vocabs.tgt)), (model.src_vocab, model.tgt_vocab)
+    # An imported model may have rows no token uses (NLLB-200: 256,206 rows, 256,204 tokens); ours never do.
+    imported = vocabs.family != "bpe"
+    if (imported and (sizes[0][0] > sizes[1][0] or sizes[0][1] > sizes[1][1])) or (
+        not imported and sizes[0] != sizes[1]
+    ):
         raise CheckpointError(
             f"{ckpt['path']}: tokenizer has {len(vocabs.src)}/{len(vocabs.tgt)} types but the model "
             f"{model.src_vocab}/{model.tgt_vocab}; the checkpoint is inconsistent, use another one"
         )
+    if vocabs.src.specials != model.specials:
+        raise CheckpointError(f"{ckpt['path']}: the tokenizer's special ids {vocabs.src.specials} are not the "
+                              f"model's {model.specials}; the checkpoint is inconsistent")  # fmt: skip
     return model, vocabs

@@ -22,15 +22,27 @@ from torch import Tensor, nn
 import mt.model.loss as fused_loss
 from mt import runtime
 from mt.config import ModelConfig
-from mt.data.tokenizer import PAD
+from mt.data.tokenizer import Specials
 from mt.model import fast_attention
 from mt.model.cache import DecoderCache, append_kv
 from mt.model.dropout import Dropout
 
 
-def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
-    """3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)). Returns (P, D)."""
+def sinusoidal_positions(n_positions: int, d_model: int, layout: str = "paper") -> Tensor:
+    """3.5: PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(pos / 10000^(2i/D)). Returns (P, D).
+
+    `layout` (model.sinusoids): "paper" interleaves sin and cos as above; "halves" puts the same sines in the first
+    half and the cosines in the second (transformers' Marian); "fairseq" is fairseq's and tensor2tensor's table
+    (M2M100, NLLB): halves too, with frequencies 10000^(-i / (D/2 - 1)), computed in float32 as they compute it."""
+    if layout == "fairseq":
+        half = d_model // 2
+        freq = torch.exp(torch.arange(half, dtype=torch.int64).float() * -(math.log(10000) / (half - 1)))
+        angles = torch.arange(n_positions, dtype=torch.int64).float().unsqueeze(1) * freq.unsqueeze(0)
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
     pos = torch.arange(n_positions, dtype=torch.float64).unsqueeze(1)
+    if layout == "halves":  # Marian's own arithmetic: pos / 10000^(2i/D), in float64
+        angles = pos / torch.pow(10000.0, torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1).float()
     inv_freq = torch.pow(10000.0, -torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     pe = torch.zeros(n_positions, d_model, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(pos * inv_freq)
@@ -39,24 +51,30 @@ def sinusoidal_positions(n_positions: int, d_model: int) -> Tensor:
 
 
 class Embedding(nn.Module):
-    """Token embedding scaled by sqrt(D) (3.4) plus positional encoding (3.5), then dropout (5.4)."""
+    """Token embedding scaled by sqrt(D) (3.4) plus positional encoding (3.5), then dropout (5.4). A checkpoint of
+    another toolkit may scale otherwise (`model.scale_embedding`) and start its positions at `model.position_offset`
+    of its table (fairseq's sinusoids begin after the padding id)."""
 
-    def __init__(self, tokens: nn.Embedding, max_positions: int, learned: bool, dropout: float):
+    def __init__(self, tokens: nn.Embedding, cfg: ModelConfig, dropout: float):
         super().__init__()
         self.tokens = tokens  # may be shared with the other side and the output projection
         d_model = tokens.embedding_dim
-        self.scale = math.sqrt(d_model)
-        if learned:
-            self.positions = nn.Parameter(torch.randn(max_positions, d_model) * d_model**-0.5)
+        self.scale = math.sqrt(d_model) if cfg.scale_embedding else 1.0
+        self.offset = cfg.position_offset
+        n_positions = cfg.max_positions + cfg.position_offset
+        if cfg.positions == "learned":
+            self.positions = nn.Parameter(torch.randn(n_positions, d_model) * d_model**-0.5)
         else:
-            self.register_buffer("positions", sinusoidal_positions(max_positions, d_model), persistent=False)
+            table = sinusoidal_positions(n_positions, d_model, cfg.sinusoids)
+            self.register_buffer("positions", table, persistent=False)
         self.dropout = Dropout(dropout)
 
     def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
-        T = ids.size(1)
-        if offset + T > self.positions.size(0):
-            raise ValueError(f"sequence of {offset + T} positions exceeds model.max_positions={self.positions.size(0)}")
-        x = self.tokens(ids) * self.scale + self.positions[offset : offset + T]  # (B, T, D)
+        T, first = ids.size(1), offset + self.offset
+        if first + T > self.positions.size(0):
+            limit = self.positions.size(0) - self.offset
+            raise ValueError(f"sequence of {offset + T} positions exceeds model.max_positions={limit}")
+        x = self.tokens(ids) * self.scale + self.positions[first : first + T]  # (B, T, D)
         return self.dropout(x)
 
 
@@ -141,16 +159,20 @@ class Attention(nn.Module):
         return self.merge_heads(fast_attention.shared_memory_cross_attention(q, k, v, allow, self.attend))
 
 
-class FeedForward(nn.Module):
-    """3.3: FFN(x) = max(0, x W1 + b1) W2 + b2."""
+ACTIVATIONS = {"relu": F.relu, "swish": F.silu, "gelu": F.gelu}  # model.activation (Marian: swish = SiLU)
 
-    def __init__(self, d_model: int, d_ff: int, activation_dropout: float):
+
+class FeedForward(nn.Module):
+    """3.3: FFN(x) = max(0, x W1 + b1) W2 + b2 (the activation: `model.activation`, ReLU in the paper)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation_dropout: float, activation: str = "relu"):
         super().__init__()
         self.linear1, self.linear2 = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
         self.dropout = Dropout(activation_dropout)
+        self.activation = ACTIVATIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(self.dropout(F.relu(self.linear1(x))))
+        return self.linear2(self.dropout(self.activation(self.linear1(x))))
 
 
 class Sublayer(nn.Module):
@@ -171,7 +193,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         pre = cfg.norm == "pre"
         self.self_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=False)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.sub_attn, self.sub_ffn = Sublayer(cfg.d_model, cfg.dropout, pre), Sublayer(cfg.d_model, cfg.dropout, pre)
 
     def forward(self, x: Tensor, allow: Tensor) -> Tensor:
@@ -185,7 +207,7 @@ class DecoderLayer(nn.Module):
         pre = cfg.norm == "pre"
         self.self_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=False)
         self.cross_attn = Attention(cfg.d_model, cfg.n_heads, cfg.attention_dropout, cross=True)
-        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout, cfg.activation)
         self.sub_self, self.sub_cross, self.sub_ffn = (Sublayer(cfg.d_model, cfg.dropout, pre) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor, allow: Tensor, cache: dict | None) -> Tensor:
@@ -204,15 +226,18 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig, src_vocab: int, tgt_vocab: int):
         super().__init__()
         self.cfg, self.src_vocab, self.tgt_vocab = cfg, src_vocab, tgt_vocab
-        if cfg.tie_embeddings == "all" and src_vocab != tgt_vocab:
-            raise ValueError("model.tie_embeddings=all needs one joint vocabulary (source and target sizes differ)")
-        learned = cfg.positions == "learned"
-        tgt_tokens = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=PAD)
+        if cfg.tie_embeddings in ("all", "inputs") and src_vocab != tgt_vocab:
+            raise ValueError(f"model.tie_embeddings={cfg.tie_embeddings} needs one joint vocabulary (source and "
+                             "target sizes differ)")  # fmt: skip
+        self.specials = Specials.of(cfg)
+        tgt_tokens = nn.Embedding(tgt_vocab, cfg.d_model, padding_idx=cfg.pad_id)
         src_tokens = (
-            tgt_tokens if cfg.tie_embeddings == "all" else nn.Embedding(src_vocab, cfg.d_model, padding_idx=PAD)
+            tgt_tokens
+            if cfg.tie_embeddings in ("all", "inputs")  # inputs: one embedding matrix, the output its own
+            else nn.Embedding(src_vocab, cfg.d_model, padding_idx=cfg.pad_id)
         )
-        self.src_embed = Embedding(src_tokens, cfg.max_positions, learned, cfg.dropout)
-        self.tgt_embed = Embedding(tgt_tokens, cfg.max_positions, learned, cfg.dropout)
+        self.src_embed = Embedding(src_tokens, cfg, cfg.dropout)
+        self.tgt_embed = Embedding(tgt_tokens, cfg, cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         pre = cfg.norm == "pre"
@@ -220,6 +245,8 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if pre else nn.Identity()
         self.output = nn.Linear(cfg.d_model, tgt_vocab, bias=False)
+        if cfg.output_bias:  # Marian's final_logits_bias: a buffer there too, which fine-tuning leaves as it is
+            self.register_buffer("output_bias", torch.zeros(tgt_vocab))
         self.reset_parameters()
         if cfg.tie_embeddings in ("all", "decoder"):
             self.output.weight = tgt_tokens.weight  # 3.4: one matrix for embeddings and pre-softmax projection
@@ -235,7 +262,7 @@ class Transformer(nn.Module):
         for emb in {id(m): m for m in (self.src_embed.tokens, self.tgt_embed.tokens)}.values():
             nn.init.normal_(emb.weight, 0.0, self.cfg.d_model**-0.5)
             with torch.no_grad():
-                emb.weight[PAD].zero_()
+                emb.weight[self.cfg.pad_id].zero_()
         if self.cfg.init == "fairseq":
             fairseq_init(self)
 
@@ -257,7 +284,20 @@ class Transformer(nn.Module):
         """tgt_in (N, T) ids -> logits (N, T, V). With a cache, `tgt_in` holds only the new positions. `memory` and
         `src_pad_mask` have B rows, N a multiple of B: N = B*K decoder rows are K hypotheses per sentence.
         `wanted` (N, T) bool: logits only at those positions, (n_wanted, V), row-major order."""
-        return self.output(self.decoder_states(tgt_in, memory, src_pad_mask, cache, wanted))
+        logits = self.output(self.decoder_states(tgt_in, memory, src_pad_mask, cache, wanted))
+        shift = self.logit_shift()
+        return logits if shift is None else logits + shift
+
+    def logit_shift(self) -> Tensor | None:
+        """(V,) added to the logits before any softmax, or None (the paper's model): the fixed output bias
+        (`model.output_bias`), and -inf at <pad> with `model.mask_pad_logit` (a Marian checkpoint gives <pad> a
+        trained logit, though no target is ever <pad>)."""
+        if not (self.cfg.output_bias or self.cfg.mask_pad_logit):
+            return None
+        shift = self.output_bias.float() if self.cfg.output_bias else self.output.weight.new_zeros(self.tgt_vocab)
+        if self.cfg.mask_pad_logit:
+            shift = shift.index_fill(0, torch.tensor([self.cfg.pad_id], device=shift.device), -math.inf)
+        return shift
 
     def decoder_states(
         self,
@@ -292,10 +332,13 @@ class Transformer(nn.Module):
         """Teacher-forced training loss: summed label-smoothed cross-entropy and summed NLL over the non-padding
         `tgt_out` (B, T). The output projection is fused with the loss (`mt.model.loss`), so the logits never exist in
         full."""
-        wanted = tgt_out.ne(PAD) if skips_padding_rows(tgt_out.device) else None
+        pad = self.cfg.pad_id
+        wanted = tgt_out.ne(pad) if skips_padding_rows(tgt_out.device) else None
         states = self.decoder_states(tgt_in, self.encode(src, src_pad_mask), src_pad_mask, wanted=wanted)
         target = tgt_out[wanted] if wanted is not None else tgt_out
-        return fused_loss.projected_label_smoothed_loss(states, self.output.weight, target, label_smoothing)
+        return fused_loss.projected_label_smoothed_loss(
+            states, self.output.weight, target, label_smoothing, pad=pad, shift=self.logit_shift()
+        )
 
     def config_dict(self) -> dict:
         return {"model": asdict(self.cfg), "src_vocab": self.src_vocab, "tgt_vocab": self.tgt_vocab}

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mt.config import ServeConfig
 from mt.decode.batched import decode_ids
+from mt.decode.search import Hypothesis
 from mt.serve.access import ApiKeys, Gate
 from mt.serve.batching import BadRequest, Batcher
 from mt.serve.http import BodyLimit, Guarded, Observed
@@ -137,6 +138,8 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
                             "pieces cut at clause boundaries (else between words)")  # fmt: skip
         hyps = await served.batcher.translate(src_ids, prefixes, decode, gone=request.is_disconnected,
                                               constraints=rules)  # fmt: skip
+        if p.lead:  # the target-language token forced first
+            hyps = [[Hypothesis(h.tokens[p.lead :], h.score, h.logprob) for h in hs] for hs in hyps]
         metrics.served(served.name, len(src_ids), tokens, sum(len(h[0].tokens) + 1 for h in hyps))
         for i, (rule, hs) in enumerate(zip(rules or [], hyps)):
             if rule and rule.count_met(hs[0].tokens) < len(rule.phrases):

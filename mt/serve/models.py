@@ -92,7 +92,8 @@ def load(cfg: ServeConfig, overrides: list[str]) -> list[Served]:
         if path not in loaded:
             ckpt = saved.load(path)
             own = dataclasses.replace(cfg, checkpoint=path, decode=run_decode_settings(cfg.decode, ckpt, overrides))
-            translator = Translator.open([ckpt], own.decode, device, cfg.precision, tgt_lang=cfg.tgt_lang)
+            translator = Translator.open([ckpt], own.decode, device, cfg.precision, tgt_lang=cfg.tgt_lang,
+                                         src_lang=cfg.src_lang)  # fmt: skip
             translator.glossary = glossary
             if glossary is not None:  # a glossary the model or its decoding cannot apply: refused at load
                 translator.check_terms(own.decode, f"glossary={cfg.glossary}")

@@ -66,7 +66,7 @@ def too_many(tokens: int, cap: int, lower_bound: bool) -> BadRequest:
 def token_span(vocab) -> int:
     """The most characters of a request's text one token of `vocab` can stand for: its longest token (without the
     word-start mark), times 3 for what NFC composition can fold into one character."""
-    return 3 * max(len(token.lstrip("\u2581")) for token in vocab.tokenizer.get_vocab())
+    return 3 * max(len(token.lstrip("\u2581")) for token in vocab.get_vocab())
 
 
 class Memo:
@@ -91,6 +91,7 @@ class Prepared:
     prefixes: list[list[int]] | None
     warnings: list[str]
     tokens: int
+    lead: int = 0  # target-language tokens forced first (NLLB's), to leave out of the hypotheses
 
 
 def prepare(req: TranslateRequest, translator, decode: DecodeConfig, cfg: ServeConfig) -> Prepared:
@@ -106,6 +107,7 @@ def prepare(req: TranslateRequest, translator, decode: DecodeConfig, cfg: ServeC
     encode = Memo(translator.vocabs.src.encode_batch, dict(zip(req.src, ids)))  # each text encoded once
     try:
         target = translator.target_id(req.tgt_lang)
+        framing = translator.framing(req.tgt_lang)  # an imported model's language tokens
         doc = None
         if req.split:
             refuse_with_split(decode, req.prefix, req.constraints)
@@ -127,11 +129,16 @@ def prepare(req: TranslateRequest, translator, decode: DecodeConfig, cfg: ServeC
             src_ids[i] = line_ids[:room]
     if target is not None:
         src_ids = [[target, *line_ids] if line_ids else line_ids for line_ids in src_ids]
+    src_lead, tgt_lead = list(framing.src_lead), list(framing.tgt_lead)
+    if src_lead:  # in each line, so that lines of requests into other languages share a batch
+        src_ids = [src_lead + line_ids if line_ids else line_ids for line_ids in src_ids]
     try:
         prefixes = translator.encode_prefixes(req.prefix, src_ids, decode)
     except ConfigError as e:
         raise BadRequest(422, str(e)) from None
-    return Prepared(doc, lines, src_ids, prefixes, warnings, sum(len(s) + 1 for s in src_ids))
+    if tgt_lead:
+        prefixes = [tgt_lead + (prefixes[i] if prefixes else []) for i in range(len(src_ids))]
+    return Prepared(doc, lines, src_ids, prefixes, warnings, sum(len(s) + 1 for s in src_ids), len(tgt_lead))
 
 
 def request_terms(req: TranslateRequest, cfg: ServeConfig, translator, decode: DecodeConfig) -> None:

@@ -21,8 +21,8 @@ from pathlib import Path
 from mt import errors, runtime
 from mt.config import Config, ConfigError, DataConfig
 from mt.data import read
-from mt.data.tokenizer import UNK, Vocabs
-from mt.model import saved
+from mt.data.tokenizer import Vocabs
+from mt.model import hub, saved
 from mt.model.transformer import Transformer
 from mt.train.ema import WeightEMA
 from mt.train.records import PARENT_FILE, read_parent, test_scores
@@ -30,7 +30,8 @@ from mt.train.records import PARENT_FILE, read_parent, test_scores
 log = logging.getLogger(__name__)
 
 SHAPE_KEYS = ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", "norm", "tie_embeddings",
-              "positions", "max_positions")  # fmt: skip
+              "positions", "max_positions", "activation", "scale_embedding", "sinusoids", "position_offset",
+              "output_bias", "mask_pad_logit", "pad_id", "unk_id", "decoder_start_id", "eos_id")  # fmt: skip
 PARTS = ("embeddings", "encoder", "decoder")  # what train.freeze may name
 UNK_WARNING = 0.005  # share of <unk> tokens in the new data above which the log names the characters
 
@@ -59,8 +60,18 @@ def load_parent(cfg: Config, run_dir: Path) -> Parent:
     if cfg.train.resume not in ("auto", "never"):
         raise ConfigError(f"train.init_from={source} and train.resume={cfg.train.resume}: one run starts from one "
                           "model; give one of them")  # fmt: skip
+    if hub.looks_like_hub_id(cfg.train.init_from):  # a transformers model on the Hugging Face Hub
+        if cfg.train.init_optimizer:
+            raise ConfigError(f"train.init_optimizer: {cfg.train.init_from} is a transformers checkpoint, which holds "
+                              "no optimizer state; set train.init_optimizer=false")  # fmt: skip
+        try:
+            ckpt = saved.load(cfg.train.init_from)
+            return Parent(ckpt, *saved.build_model(ckpt))
+        except errors.CheckpointError as e:
+            raise ConfigError(f"train.init_from: {e}") from None
     if not source.exists():
-        raise ConfigError(f"train.init_from={source}: no such file or directory; give a run dir, a .pt or a release")
+        raise ConfigError(f"train.init_from={source}: no such file or directory; give a run dir, a .pt, a release, "
+                          "a transformers checkpoint dir or a Hub id (Helsinki-NLP/opus-mt-de-en)")  # fmt: skip
     where = source.resolve() if source.is_dir() else source.resolve().parent
     if where == run_dir.resolve():
         raise ConfigError(f"train.init_from={source} is this run's own dir; give the parent's run dir and a new "
@@ -71,6 +82,9 @@ def load_parent(cfg: Config, run_dir: Path) -> Parent:
         log.info("train.init_optimizer: starting from %s, the weights its optimizer state belongs to", source)
     try:
         ckpt = saved.load(source)
+        if cfg.train.init_optimizer and ckpt["format"] == hub.HUB_FORMAT:
+            raise ConfigError(f"train.init_optimizer: {source} is a transformers checkpoint, which holds no "
+                              "optimizer state; set train.init_optimizer=false")  # fmt: skip
         if cfg.train.init_optimizer and "raw_model" in ckpt:
             # Under a weight average (train.ema_decay) "model" is the average; the moments belong to the trained
             # weights, kept as "raw_model".
@@ -179,12 +193,11 @@ def tokenization(vocabs: Vocabs, pairs, n: int = 2000) -> dict:
         vocab = vocabs.src if side == "source" else vocabs.tgt
         ids = vocab.encode_batch(lines)
         tokens, words = sum(map(len, ids)), sum(len(line.split()) for line in lines)
-        unk = sum(i.count(UNK) for i in ids)
+        unk = sum(i.count(vocab.specials.unk) for i in ids)
         out[side] = {"unk_share": unk / max(tokens, 1), "subwords_per_word": tokens / max(words, 1)}
-        if unk:  # what became <unk>, read from the offsets (a lone character is encoded as "▁" + it)
-            for line in vocab.pretokenized(lines):  # (offsets into the text as the BPE saw it)
-                enc = vocab.tokenizer.encode(line, add_special_tokens=False)
-                unknown.update(line[a:b] for i, (a, b) in zip(enc.ids, enc.offsets) if i == UNK)
+        if unk:  # what became <unk> (a lone character is encoded as "▁" + it)
+            for line in lines:
+                unknown.update(vocab.unknown_spans(line))
     out["unknown_characters"] = "".join(c for c, _ in unknown.most_common(20))
     return out
 

@@ -53,7 +53,10 @@ def finish(trainer) -> dict:
     if trainer.metrics.path.is_file():
         plot_curves(trainer.metrics.path, run_dir / "training_curves.png")
     reports = evaluate_splits(trainer, trainer.cfg.data.test_splits, tag)
-    if trainer.tc.init_from and trainer.tc.test_parent:  # the parent's domain: what fine-tuning kept of it
+    if trainer.tc.init_from and trainer.tc.test_parent:
+        # The parent on this run's test splits (what fine-tuning gained), and this run on the parent's (what it kept).
+        parent = saved.build_model(saved.load(trainer.tc.init_from))[0].to(trainer.device).eval()
+        reports += evaluate_splits(trainer, trainer.cfg.data.test_splits, "the parent", model=parent, suffix=".parent")
         reports += evaluate_splits(trainer, [], tag, extra=finetune.parent_test_splits(trainer.run_dir))
     for line in where_it_went(run_dir, reports):
         log.info("%s", line)
@@ -108,15 +111,18 @@ def final_candidates(run_dir, average_last: int, last: tuple[int, dict] | None =
     return candidates
 
 
-def evaluate_splits(trainer, splits: list[str], tag: str, extra: list | None = None) -> list[dict]:
+def evaluate_splits(trainer, splits: list[str], tag: str, extra: list | None = None, model=None,
+                    suffix: str = "") -> list[dict]:  # fmt: skip
     """Translate each test split with the decode config and write `{split}.hyp` and its report in the run dir
     (multilingual: `{split}.{direction}.hyp` for each direction, the target-language token first in the source;
-    `extra`: (data config, split) of other corpora, a fine-tuning run's parent's, named `parent.{split}`).
+    `extra`: (data config, split) of other corpora, a fine-tuning run's parent's, named `parent.{split}`; `model`:
+    another model than the run's, its reports named `{split}{suffix}`).
     In fp32 whatever the training's autocast, as translate.py decodes by default: the report's BLEU is what
     `translate.py checkpoint=RUN_DIR` reproduces."""
     cfg, vocabs, reports = trainer.cfg, trainer.corpus.vocabs, []
     directions = [(d.config, d.tag, f".{d.name}") for d in trainer.corpus.directions or []]
-    items = [(dc, s, first, s + suffix) for s in splits for dc, first, suffix in directions or [(cfg.data, None, "")]]
+    items = [(dc, s, first, s + where + suffix) for s in splits
+             for dc, first, where in directions or [(cfg.data, None, "")]]  # fmt: skip
     parents = [(dc, s, None, f"parent.{s}") for dc, s in extra or []]
     for dc, split, first, name in items + parents:
         try:
@@ -127,13 +133,14 @@ def evaluate_splits(trainer, splits: list[str], tag: str, extra: list | None = N
             log.warning("the parent's test split %s is not scored: %s", split, e)  # its corpus is elsewhere
             continue
         start = time.perf_counter()
-        model = trainer.kept_model
-        limit = model.cfg.max_positions - 1 - (first is not None)
+        model = trainer.kept_model if model is None else model
+        framing = trainer.corpus.framing
+        limit = model.cfg.max_positions - 1 - (first is not None) - len(framing.src_lead)
         src_ids = encode_within_positions(vocabs, list(ds["src"]), limit)
         if first is not None:  # the target-language token
             src_ids = [[first, *s] for s in src_ids]
         split = name  # the report's name
-        hyps = translate_ids(model, src_ids, cfg.decode, trainer.device, None)
+        hyps = translate_ids(model, src_ids, cfg.decode, trainer.device, None, framing=framing)
         seconds = time.perf_counter() - start
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
         (trainer.run_dir / f"{split}.hyp").write_text("".join(t + "\n" for t in texts))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from mt.data.tokenizer import EOS, PAD, UNK
+from mt.config import ConfigError
+from mt.data.tokenizer import EOS, PAPER_FRAMING, UNK, Specials
 from mt.model import loss as fused_loss
 from mt.model.transformer import skips_padding_rows
 
@@ -33,7 +34,10 @@ def rdrop_loss(model, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out
     def twice(t: Tensor) -> Tensor:
         return torch.cat([t, t], dim=0)
 
-    keep = tgt_out.ne(PAD)
+    if model.logit_shift() is not None:
+        raise ConfigError("train.rdrop_alpha: R-Drop's fused loss has no output bias or masked <pad> logit, which "
+                          "this (imported) model has; set train.rdrop_alpha=0")  # fmt: skip
+    keep = tgt_out.ne(model.specials.pad)
     wanted = twice(keep) if skips_padding_rows(tgt_out.device) else None
     memory = model.encode(twice(src), twice(src_pad_mask))
     states = model.decoder_states(twice(tgt_in), memory, twice(src_pad_mask), wanted=wanted)
@@ -42,8 +46,11 @@ def rdrop_loss(model, src: Tensor, src_pad_mask: Tensor, tgt_in: Tensor, tgt_out
     return fused_loss.projected_rdrop_loss(h1, h2, model.output.weight, target, eps, alpha)
 
 
-def drop_target_words(tgt_in: Tensor, p: float) -> Tensor:
-    """`tgt_in` with each token after the fixed specials (not <s>, </s> or padding) replaced by <unk> with
-    probability `p`."""
+def drop_target_words(tgt_in: Tensor, p: float, specials: Specials = PAPER_FRAMING.specials) -> Tensor:
+    """`tgt_in` with each token but the special ones (the decoder's first token, </s>, padding, and the tokens
+    before this project's first subword) replaced by <unk> with probability `p`."""
     drop = torch.rand(tgt_in.shape, device=tgt_in.device) < p
-    return tgt_in.masked_fill(drop & tgt_in.gt(EOS), UNK)
+    if specials == Specials():
+        return tgt_in.masked_fill(drop & tgt_in.gt(EOS), UNK)
+    fixed = torch.tensor([specials.pad, specials.start, specials.eos], device=tgt_in.device)
+    return tgt_in.masked_fill(drop & ~torch.isin(tgt_in, fixed), specials.unk)

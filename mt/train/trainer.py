@@ -54,7 +54,7 @@ class TrainingLoss(torch.nn.Module):
 
     def forward(self, src, src_pad_mask, tgt_in, tgt_out) -> tuple[torch.Tensor, torch.Tensor]:
         if self.model.training and self.tgt_word_dropout:
-            tgt_in = regularize.drop_target_words(tgt_in, self.tgt_word_dropout)
+            tgt_in = regularize.drop_target_words(tgt_in, self.tgt_word_dropout, self.model.specials)
         if self.model.training and self.rdrop_alpha:
             return regularize.rdrop_loss(self.model, src, src_pad_mask, tgt_in, tgt_out, self.label_smoothing,
                                          self.rdrop_alpha)  # fmt: skip
@@ -235,7 +235,9 @@ class Trainer:
 
         `bleu_subset`: sentences decoded for BLEU, 0 = all; default `train.valid_bleu_subset`."""
         valid, tc, model = self.corpus.valid, self.tc, self.kept_model if model is None else model
-        result = validation_loss(model, valid, tc.max_tokens, tc.label_smoothing, self.device, self.amp)
+        result = validation_loss(
+            model, valid, tc.max_tokens, tc.label_smoothing, self.device, self.amp, self.corpus.framing
+        )
         if tc.valid_bleu and self.corpus.directions:  # each direction's own, and their mean (what selects)
             for d in self.corpus.directions:
                 k = (tc.valid_bleu_subset if bleu_subset is None else bleu_subset) or len(d.valid)
@@ -251,7 +253,7 @@ class Trainer:
 
     def bleu(self, ds: datasets.Dataset, decode_cfg: DecodeConfig, model: Transformer | None = None) -> dict:
         model = self.kept_model if model is None else model
-        return validation_bleu(model, ds, self.corpus.vocabs, decode_cfg, self.device, self.amp)
+        return validation_bleu(model, ds, self.corpus.vocabs, decode_cfg, self.device, self.amp, self.corpus.framing)
 
     def _validate_and_keep_best(self) -> None:
         if self.rank == 0:

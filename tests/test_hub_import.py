@@ -1,0 +1,198 @@
+"""Loading transformers checkpoints exactly (mt/model/hub.py): tiny OPUS-MT- and NLLB-shaped models built and
+trained by transformers itself (tests/hub_models.py), compared with transformers as the oracle: token ids on the
+shared corpora, logits on a padded batch, greedy and beam-4 outputs against `generate()` with the checkpoint's
+generation config, through the Python API, translate.py and the server. No download: everything is built here."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("sentencepiece")
+
+from hub_models import DATA, hub_model  # noqa: E402
+
+from mt.data.batching import collate  # noqa: E402
+from mt.decode.translator import Translator  # noqa: E402
+from mt.model import saved  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+HUB_CONFIGS = ROOT.parent / "shared" / "reference" / "hub-configs"
+# (checkpoint, source language, target language, source corpus language)
+MODELS = {"marian_shared": ("de", "en"), "marian_separate": ("de", "en"), "marian_multi": ("en", "fr"),
+          "nllb": ("de", "en")}  # fmt: skip
+SPECIAL_TEXT = ["", "<s> Die </s> Dosis <pad> ist >>de<< hoch <unk>", "Ünïcödé ☃ 漢字 \u200b Tab\there",
+                "deu_Latn eng_Latn >>fra<< </s>"]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def hub_dir(tmp_path_factory):
+    """Where the tiny checkpoints are built: a cache that survives the session (they take ~50 s to build)."""
+    root = Path.home() / ".cache" / "mt-tests" / "hub-models"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        root = tmp_path_factory.mktemp("hub-models")
+    return root
+
+
+def model_dir(hub_dir, name: str) -> Path:
+    return hub_model(name, hub_dir)
+
+
+def corpus_lines(n: int = 1000) -> list[tuple[str, str]]:
+    """(language, line) of the first `n` training lines of every shared corpus, in each of its languages."""
+    out = []
+    for corpus in sorted(p for p in DATA.iterdir() if p.is_dir()):
+        for path in sorted(corpus.glob("train.*.gz")):
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                out += [(path.name.split(".")[1], line.rstrip("\n")) for _, line in zip(range(n), f)]
+    return out
+
+
+def hf_tokenizer(path: Path, src: str, tgt: str):
+    from transformers import AutoTokenizer
+
+    if (path / "tokenizer.json").is_file():  # NLLB
+        return AutoTokenizer.from_pretrained(path, src_lang=lang_code(src), tgt_lang=lang_code(tgt))
+    return AutoTokenizer.from_pretrained(path)
+
+
+def lang_code(lang: str) -> str:
+    from mt.data.hub_vocab import NLLB_LANGUAGES
+
+    return NLLB_LANGUAGES[lang]
+
+
+def hf_model(path: Path):
+    from transformers import AutoModelForSeq2SeqLM
+
+    return AutoModelForSeq2SeqLM.from_pretrained(path).eval()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_token_ids_are_transformers_on_every_shared_corpus(hub_dir, name):
+    path = model_dir(hub_dir, name)
+    src, tgt = MODELS[name]
+    vocabs = saved.build_model(saved.load(path))[1]
+    framing = vocabs.framing(src, tgt)
+    tok = hf_tokenizer(path, src, tgt)
+    texts = [line for _, line in corpus_lines()] + SPECIAL_TEXT
+    ours = vocabs.src.encode_batch(texts)
+    # transformers treats "<s>", "</s>", "<pad>" inside text as text only when asked (split_special_tokens); a text
+    # that begins with ">>" is its language code in Marian's tokenizer (not in these lines)
+    theirs = tok(texts, split_special_tokens=True)["input_ids"]
+    expected_lead = list(framing.src_lead) if name == "nllb" else []
+    mismatches = [t for t, a, b in zip(texts, ours, theirs) if expected_lead + a + [framing.specials.eos] != b]
+    assert not mismatches, mismatches[:3]
+    assert len(texts) > 18_000
+    # the target side: transformers' text_target mode (Marian: the target SentencePiece model)
+    sample = texts[:2000] + SPECIAL_TEXT
+    theirs = tok(text_target=sample, split_special_tokens=True)["input_ids"]
+    ours = vocabs.tgt.encode_batch(sample)
+    lead = list(framing.tgt_lead)
+    assert all(lead + a + [framing.specials.eos] == b for a, b in zip(ours, theirs))
+    # decoding: transformers' batch_decode with skip_special_tokens
+    assert vocabs.tgt.decode_batch(ours) == tok.batch_decode([lead + a for a in ours], skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_logits_match_transformers_on_a_padded_batch(hub_dir, name):
+    path = model_dir(hub_dir, name)
+    src_lang, tgt_lang = MODELS[name]
+    model, vocabs = saved.build_model(saved.load(path))
+    model.eval()
+    framing = vocabs.framing(src_lang, tgt_lang)
+    pairs = list(zip(*(read_test(name, n=7))))
+    batch = collate([vocabs.src.encode(s) for s, _ in pairs], [vocabs.tgt.encode(t) for _, t in pairs],
+                    list(range(len(pairs))), framing)  # fmt: skip
+    assert batch.src_pad_mask.any() and batch.tgt_out.eq(framing.specials.pad).any()  # padded on both sides
+    hf = hf_model(path)
+    with torch.no_grad():
+        ours = model(batch.src, batch.src_pad_mask, batch.tgt_in)
+        theirs = hf(input_ids=batch.src, attention_mask=(~batch.src_pad_mask).long(),
+                    decoder_input_ids=batch.tgt_in).logits  # fmt: skip
+    real = batch.tgt_out.ne(framing.specials.pad)  # padded target positions are not predictions
+    finite = torch.isfinite(ours[real])
+    if model.cfg.mask_pad_logit:  # <pad>'s logit is -inf here (masked before the softmax), a number there
+        assert finite.sum() == finite.numel() - real.sum()
+    assert (ours[real][finite] - theirs[real][finite]).abs().max() < 1e-5
+    assert not model.cfg.output_bias or model.output_bias.abs().max() > 0.1  # a real final_logits_bias
+
+
+def read_test(name: str, n: int) -> tuple[list[str], list[str]]:
+    src, tgt = MODELS[name]
+    corpus = "opus_emea_en_fr" if name == "marian_multi" else "opus_emea_de_en"
+    out = []
+    for lang in (src, tgt):
+        with gzip.open(DATA / corpus / f"test.{lang}.gz", "rt", encoding="utf-8") as f:
+            out.append([line.rstrip("\n") for _, line in zip(range(n), f)])
+    return out[0], out[1]
+
+
+def generate(hf, tok, translator, lines: list[str], beams: int, src: str, tgt: str) -> list[list[int]]:
+    """transformers' output ids for each line (without the decoder's first token, the target-language token and
+    </s>), under this project's per-line length limit: lines grouped by it, `max_length` = limit + 1."""
+    from mt.decode.search import output_cap
+
+    framing = translator.framing()
+    decode = translator.settings(beam_size=beams)
+    cap = output_cap(translator.model, decode)
+    sources = translator.encode_sources(lines)
+    limit = [max(1, min(cap, int((len(s) + 1 + len(framing.src_lead)) * decode.max_len_a + decode.max_len_b)))
+             for s in sources]  # fmt: skip
+    out: list[list[int]] = [[] for _ in lines]
+    sp, lead = framing.specials, list(framing.tgt_lead)
+    for n in sorted(set(limit)):
+        rows = [i for i, s in enumerate(sources) if limit[i] == n and s]
+        for at in range(0, len(rows), 64):
+            part = rows[at : at + 64]
+            ids = [list(framing.src_lead) + sources[i] + [sp.eos] for i in part]
+            width = max(map(len, ids))
+            batch = torch.tensor([x + [sp.pad] * (width - len(x)) for x in ids])
+            extra = {"forced_bos_token_id": lead[0], "forced_eos_token_id": sp.eos} if lead else {}
+            with torch.no_grad():
+                gen = hf.generate(input_ids=batch, attention_mask=batch.ne(sp.pad).long(), max_length=n + 1,
+                                  num_beams=beams, do_sample=False, **extra)  # fmt: skip
+            for j, i in enumerate(part):
+                row = gen[j, 1 + len(lead) :].tolist()
+                out[i] = row[: row.index(sp.eos)] if sp.eos in row else [t for t in row if t != sp.pad]
+    return out
+
+
+def ended_before_limit(translator, lines: list[str], hyps) -> int:
+    """How many hypotheses ended with </s> before their line's length limit forced it."""
+    lead = len(translator.framing().src_lead) + len(translator.framing().tgt_lead)
+    d = translator.decode
+    return sum(1 for s, h in zip(translator.encode_sources(lines), hyps)
+               if s and len(h[0].tokens) + lead < int((len(s) + 1 + lead) * d.max_len_a + d.max_len_b) - 1)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_greedy_and_beam_outputs_are_generates(hub_dir, name):
+    """On 1,000 test lines: this project's search through the Python API gives transformers' `generate()` output
+    ids, greedy and with the checkpoint's beam (4, length penalty 1, transformers' stopping rule)."""
+    path = model_dir(hub_dir, name)
+    src, tgt = MODELS[name]
+    translator = Translator.load(path, src_lang=src, tgt_lang=tgt)
+    assert (translator.decode.beam_size, translator.decode.early_stopping) == (
+        (4, False) if "marian" in name else (1, False)
+    )
+    hf, tok = hf_model(path), hf_tokenizer(path, src, tgt)
+    lines = read_test(name, 1000)[0]
+    for beams in (1, 4):
+        _, hyps = translator.hypotheses(lines, translator.settings(beam_size=beams))
+        ours = [h[0].tokens for h in hyps]
+        theirs = generate(hf, tok, translator, lines, beams, src, tgt)
+        differ = [i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
+        assert not differ, (beams, len(differ), [(ours[i], theirs[i]) for i in differ[:2]])
+        # Hundreds of outputs end with </s> (these tiny models loop on the others until the length limit stops
+        # them, at the same token in both): the comparison is not only of cut loops
+        assert ended_before_limit(translator, lines, hyps) > 100
+    texts = translator.translate(lines[:50], beam_size=4)
+    assert texts == tok.batch_decode([[*translator.framing().tgt_lead, *t] for t in generate(
+        hf, tok, translator, lines[:50], 4, src, tgt)], skip_special_tokens=True)  # fmt: skip
