@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+CACHE = Path.home() / ".cache" / "mt-tests" / "hub-models"  # built once per version of this file, kept between runs
 STEPS = 400
 # What Helsinki-NLP/opus-mt-de-en's generation_config.json holds (../shared/reference/hub-configs), with this model's
 # <pad> id: beam 4, <pad> never generated, scores renormalized after the processors.
@@ -163,11 +164,12 @@ BUILDERS = {"marian_shared": lambda d: build_marian(d, "shared"),
             "marian_multi": lambda d: build_marian(d, "multi"), "nllb": build_nllb}  # fmt: skip
 
 
-def hub_model(name: str, root: Path) -> Path:
+def hub_model(name: str, root: Path = CACHE) -> Path:
     """The checkpoint `name` under `root`, built once per version of this file and of transformers (a second test
     session reuses it)."""
     import transformers
 
+    root.mkdir(parents=True, exist_ok=True)
     code = inspect.getsource(inspect.getmodule(hub_model)) + transformers.__version__
     key = hashlib.sha256(code.encode()).hexdigest()[:12]
     out = root / f"{name}-{key}"

@@ -28,7 +28,7 @@ import torch
 from tests.conftest import ROOT, write_toy_corpus
 from tests.warm_start import WarmStart
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0", "HF_HUB_OFFLINE": "1"}
 
 
 def run(args: list[str], stdin: str | bytes | None = None) -> subprocess.CompletedProcess:
@@ -266,11 +266,29 @@ def _to_transformers(model: dict | None = None, data: dict | None = None, tokeni
 
 
 def _transformers_export(c, r, t):
-    """A folder that looks like `mt.export transformers` wrote it, given to translate.py."""
+    """A folder with a transformers checkpoint's weights but no config.json, given to translate.py."""
     (t / "hf").mkdir()
     write(t / "hf" / "mt_export.json", "{}")
     write(t / "hf" / "model.safetensors", b"")
     return [f"checkpoint={t / 'hf'}"], "a dog\n"
+
+
+def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *args):
+    """A copy of a tiny transformers checkpoint (tests/hub_models.py) without the file `drop`, or with `config`'s
+    keys in its config.json, given to translate.py with `args`."""
+
+    def setup(c, r, t):
+        from tests.hub_models import hub_model
+
+        shutil.copytree(hub_model(name), t / "hf")
+        if drop:
+            (t / "hf" / drop).unlink()
+        if config:
+            path = t / "hf" / "config.json"
+            path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+        return [f"checkpoint={t / 'hf'}", *args], "Eine Tablette am Tag.\n"
+
+    return setup
 
 
 def _separate_tokenizers():
@@ -513,12 +531,43 @@ ROWS = [
         _to_transformers(data={"directions": ["xx-yy", "xx-zz"]}),
         "a multilingual model (data.directions)",
     ),
+    ("transformers_dir_without_config", "translate", _transformers_export, "weights but no config.json"),
     (
-        "translate_a_transformers_export",
+        "transformers_model_type_unknown",
         "translate",
-        _transformers_export,
-        "a Hugging Face transformers export, loaded by transformers",
-    ),
+        _hub_copy("marian_shared", None, {"model_type": "t5"}),
+        "model_type 't5' is not supported",
+    ),  # fmt: skip
+    (
+        "transformers_tokenizer_file_missing",
+        "translate",
+        _hub_copy("marian_shared", "target.spm"),
+        "target.spm is missing",
+    ),  # fmt: skip
+    (
+        "transformers_hub_id_offline",
+        "translate",
+        _args("checkpoint=Helsinki-NLP/opus-mt-xx-yy"),
+        "Helsinki-NLP/opus-mt-xx-yy: not in the Hugging Face cache and the Hub cannot be reached",
+    ),  # fmt: skip
+    (
+        "transformers_tgt_lang_without_token",
+        "translate",
+        _hub_copy("marian_multi", None, None, "tgt_lang=cs"),
+        "tgt_lang=cs: this model has no token for that language",
+    ),  # fmt: skip
+    (
+        "transformers_nllb_without_src_lang",
+        "translate",
+        _hub_copy("nllb", None, None, "tgt_lang=en"),
+        "src_lang is needed by this multilingual model",
+    ),  # fmt: skip
+    (
+        "transformers_embedding_norm",
+        "translate",
+        _hub_copy("marian_shared", None, {"normalize_embedding": True}),
+        "normalize_embedding=True in config.json is not supported",
+    ),  # fmt: skip
     ("transformers_two_tokenizers", "export", _separate_tokenizers(), "a transformers tokenizer holds one vocabulary"),
     (
         "transformers_pre_norm_untied",

@@ -14,11 +14,10 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("sentencepiece")
 
-from hub_models import DATA, hub_model  # noqa: E402
-
 from mt.data.batching import collate  # noqa: E402
 from mt.decode.translator import Translator  # noqa: E402
 from mt.model import saved  # noqa: E402
+from tests.hub_models import DATA, hub_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 HUB_CONFIGS = ROOT.parent / "shared" / "reference" / "hub-configs"
@@ -30,14 +29,11 @@ SPECIAL_TEXT = ["", "<s> Die </s> Dosis <pad> ist >>de<< hoch <unk>", "Ünïcöd
 
 
 @pytest.fixture(scope="session")
-def hub_dir(tmp_path_factory):
-    """Where the tiny checkpoints are built: a cache that survives the session (they take ~50 s to build)."""
-    root = Path.home() / ".cache" / "mt-tests" / "hub-models"
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        root = tmp_path_factory.mktemp("hub-models")
-    return root
+def hub_dir():
+    """Where the tiny checkpoints are built (once per version of tests/hub_models.py: ~60 s)."""
+    from tests.hub_models import CACHE
+
+    return CACHE
 
 
 def model_dir(hub_dir, name: str) -> Path:

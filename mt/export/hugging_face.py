@@ -1,7 +1,7 @@
 """`python -m mt.export transformers RUN OUT`: a model that Hugging Face transformers loads as one of its own.
 
 No custom code travels with the export: the model becomes an existing transformers architecture whose computation
-is this project's, weight for weight.
+is this project's, weight for weight (the names: mt/model/hf_format.py, the table the import reads too).
 
 | this project                  | transformers                                                     |
 |---|---|
@@ -9,16 +9,18 @@ is this project's, weight for weight.
 |                               | embeddings x sqrt(D), no embedding LayerNorm                     |
 | pre-norm with final norms     | `PegasusForConditionalGeneration`: pre-norm blocks, final norms, |
 |                               | the same positions and scaling                                   |
+| an imported OPUS-MT or NLLB   | its own class (`MarianMTModel`, `M2M100ForConditionalGeneration`)|
+| model, fine-tuned or not      | with its own tokenizer files and generation config               |
 | tie_embeddings all/decoder/none | Marian's `share_encoder_decoder_embeddings` and                |
 |                               | `tie_word_embeddings`; Pegasus: one matrix (all only)            |
 | sinusoids interleaved (3.5)   | sinusoids in halves, [sin | cos]: `permutation` below            |
 
-The layouts differ in one place: the position table's dimensions. Both hold the same functions of position, in
-another order, so the whole model is re-expressed in transformers' order by one fixed permutation of the model
-dimension, applied to every weight that reads or writes the residual stream (embeddings, the Q/K/V and FFN inputs,
-the attention and FFN outputs, LayerNorms, the output projection). LayerNorm, attention and the FFN commute with a
-permutation of their input and output features, so the permuted model computes the same function: the export is
-exact, and checked once more on a probe batch before anything is written.
+This project's own models lay their position table out as the paper does, interleaved; transformers' in halves.
+Both hold the same functions of position, in another order, so such a model is re-expressed in transformers'
+order by one fixed permutation of the model dimension, applied to every weight that reads or writes the residual
+stream (the table's `features` axis). LayerNorm, attention and the FFN commute with a permutation of their input
+and output features, so the permuted model computes the same function: the export is exact, and checked once more
+on a probe batch before anything is written. An imported model keeps transformers' layout and is written as read.
 
 What no transformers architecture computes is refused with one line saying why: learned positions, Moses
 pre-tokenization (transformers' tokenizers cannot run it), several target languages, a pre-norm model whose
@@ -34,14 +36,16 @@ import torch
 from torch import Tensor
 
 from mt.config import ConfigError, DecodeConfig
-from mt.data.tokenizer import BOS, EOS, PAD, SPECIALS, UNK, Vocabs
+from mt.data.tokenizer import BOS, EOS, PAD, PAPER_FRAMING, SPECIALS, UNK, Framing, Vocabs
 from mt.decode.search import output_cap
 from mt.export.export_dir import export_dir
 from mt.export.model_card import model_card
-from mt.model import saved
+from mt.model import hf_format, saved
 from mt.model.transformer import Transformer
 
 PROBE_TOLERANCE = 1e-4  # largest |logit difference| accepted on the probe batch (float32 sums in another order)
+CLASSES = {"marian": ("MarianConfig", "MarianMTModel"), "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration"),
+           "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration")}  # fmt: skip
 
 
 def require_transformers():
@@ -57,10 +61,9 @@ def require_transformers():
 
 def refusal(model: Transformer, vocabs: Vocabs, config: dict) -> str | None:
     """Why no transformers architecture computes this model exactly, or None when one does."""
-    m = model.cfg
-    if m.positions != "sinusoidal":
-        return (f"model.positions={m.positions}: transformers' Marian and Pegasus add sinusoidal positions only; "
-                "a learned table has no exact counterpart there (export release or ctranslate2 instead)")  # fmt: skip
+    why = hf_format.refusal(model.cfg)
+    if why is not None or vocabs.family != "bpe":  # an imported model's tokenizer files go back as they came
+        return why
     if vocabs.src.moses is not None:
         return ("tokenizer.pretokenize=moses: transformers' tokenizers cannot run Moses before the BPE, so its "
                 "inputs would not be this model's (train without it to export to transformers)")  # fmt: skip
@@ -73,10 +76,6 @@ def refusal(model: Transformer, vocabs: Vocabs, config: dict) -> str | None:
     if not vocabs.joint:
         return ("separate source and target tokenizers: a transformers tokenizer holds one vocabulary "
                 "(train with tokenizer.joint=true to export to transformers)")  # fmt: skip
-    if m.norm == "pre" and m.tie_embeddings != "all":
-        return (f"a pre-norm model with model.tie_embeddings={m.tie_embeddings}: Pegasus, transformers' "
-                "pre-norm encoder-decoder, has one embedding matrix for encoder, decoder and output "
-                "(tie_embeddings=all)")  # fmt: skip
     return None
 
 
@@ -87,45 +86,28 @@ def permutation(d_model: int) -> Tensor:
 
 
 def hf_config(model: Transformer):
-    """The transformers config of `model`: Marian for post-norm, Pegasus for pre-norm, with our special ids."""
+    """The transformers config of `model` (hf_format.config_dict: Marian, Pegasus or M2M100)."""
     transformers = require_transformers()
-    m = model.cfg
-    shape = dict(
-        d_model=m.d_model,
-        encoder_layers=m.encoder_layers,
-        decoder_layers=m.decoder_layers,
-        encoder_attention_heads=m.n_heads,
-        decoder_attention_heads=m.n_heads,
-        encoder_ffn_dim=m.d_ff,
-        decoder_ffn_dim=m.d_ff,
-        max_position_embeddings=m.max_positions,
-        activation_function="relu",  # 3.3
-        scale_embedding=True,  # 3.4: embeddings x sqrt(D)
-        dropout=m.dropout,
-        attention_dropout=m.attention_dropout,
-        activation_dropout=m.activation_dropout,
-        pad_token_id=PAD,
-        bos_token_id=BOS,
-        eos_token_id=EOS,
-        decoder_start_token_id=BOS,  # the decoder reads <s> first
-        forced_eos_token_id=EOS,  # at the length limit only </s>, as this project's search
-    )
-    if m.norm == "pre":
-        return transformers.PegasusConfig(vocab_size=model.src_vocab, tie_word_embeddings=True, **shape)
-    return transformers.MarianConfig(
-        vocab_size=model.src_vocab,
-        decoder_vocab_size=model.tgt_vocab,
-        share_encoder_decoder_embeddings=m.tie_embeddings == "all",
-        tie_word_embeddings=m.tie_embeddings in ("all", "decoder"),
-        **shape,
-    )
+    kind = hf_format.hf_kind(model.cfg)
+    return getattr(transformers, CLASSES[kind][0])(**hf_format.config_dict(model.cfg, model.src_vocab, model.tgt_vocab))
 
 
-def generation_config(model: Transformer, decode: DecodeConfig):
+def generation_config(model: Transformer, decode: DecodeConfig, imported: bool = False):
     """This run's decoding as transformers spells it. Its length limit is one number for every line (the model's
     positions, or decode.max_len); this project's `max_len_a * source + max_len_b` per line is the caller's
-    `max_new_tokens`."""
+    `max_new_tokens`. An imported model's keeps its generation config's keys (length^alpha, its stopping rule,
+    renormalized scores, <pad> banned)."""
     transformers = require_transformers()
+    sp = model.specials
+    if imported:
+        extra = {"bad_words_ids": [[sp.pad]]} if model.cfg.mask_pad_logit else {}
+        extra |= {"renormalize_logits": True} if decode.renormalize else {}
+        beam = dict(length_penalty=decode.length_penalty, early_stopping=decode.early_stopping)
+        return transformers.GenerationConfig(
+            num_beams=decode.beam_size, **(beam if decode.beam_size > 1 else {}), **extra,
+            max_length=output_cap(model, decode) + 1, forced_eos_token_id=sp.eos if model.cfg.mask_pad_logit else None,
+            decoder_start_token_id=sp.start, eos_token_id=sp.eos, pad_token_id=sp.pad,
+        )  # fmt: skip
     beam = dict(length_penalty=decode.length_penalty, early_stopping=True) if decode.beam_size > 1 else {}
     return transformers.GenerationConfig(
         num_beams=decode.beam_size,
@@ -142,92 +124,58 @@ def generation_config(model: Transformer, decode: DecodeConfig):
 
 
 def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
-    """`model`'s weights under transformers' names, permuted into its feature order (`permutation`)."""
-    perm = permutation(model.cfg.d_model)
-    reads = lambda w: w[:, perm]  # noqa: E731  a weight applied to the residual stream (or the encoder output)
-    writes = lambda w: w[perm]  # noqa: E731  a weight or bias added to the residual stream; a LayerNorm's
+    """`model`'s weights under transformers' names (hf_format.weight_table), this project's own models permuted
+    into transformers' feature order (`permutation`)."""
+    ours = model.state_dict()
+    perm = permutation(model.cfg.d_model) if model.cfg.sinusoids == "paper" else None
     sd: dict[str, Tensor] = {}
-
-    def linear(name: str, weight: Tensor, bias: Tensor, read: bool, write: bool) -> None:
-        sd[f"{name}.weight"] = writes(reads(weight) if read else weight) if write else reads(weight)
-        sd[f"{name}.bias"] = writes(bias) if write else bias
-
-    def norm(name: str, ln) -> None:
-        sd[f"{name}.weight"], sd[f"{name}.bias"] = writes(ln.weight), writes(ln.bias)
-
-    def attention(name: str, attn) -> None:
-        d = attn.out_proj.weight.size(0)
-        if attn.cross:
-            q = (attn.q_proj.weight, attn.q_proj.bias)
-            k, v = zip(attn.kv_proj.weight.split(d), attn.kv_proj.bias.split(d))
-        else:
-            q, k, v = zip(attn.qkv_proj.weight.split(d), attn.qkv_proj.bias.split(d))
-        for proj, (w, b) in zip(("q_proj", "k_proj", "v_proj"), (q, k, v)):
-            linear(f"{name}.{proj}", w, b, read=True, write=False)
-        linear(f"{name}.out_proj", attn.out_proj.weight, attn.out_proj.bias, read=False, write=True)
-
-    def ffn(name: str, layer) -> None:
-        linear(f"{name}.fc1", layer.ffn.linear1.weight, layer.ffn.linear1.bias, read=True, write=False)
-        linear(f"{name}.fc2", layer.ffn.linear2.weight, layer.ffn.linear2.bias, read=False, write=True)
-
-    for i, layer in enumerate(model.encoder):
-        name = f"model.encoder.layers.{i}"
-        attention(f"{name}.self_attn", layer.self_attn)
-        norm(f"{name}.self_attn_layer_norm", layer.sub_attn.norm)
-        ffn(name, layer)
-        norm(f"{name}.final_layer_norm", layer.sub_ffn.norm)
-    for i, layer in enumerate(model.decoder):
-        name = f"model.decoder.layers.{i}"
-        attention(f"{name}.self_attn", layer.self_attn)
-        norm(f"{name}.self_attn_layer_norm", layer.sub_self.norm)
-        attention(f"{name}.encoder_attn", layer.cross_attn)
-        norm(f"{name}.encoder_attn_layer_norm", layer.sub_cross.norm)
-        ffn(name, layer)
-        norm(f"{name}.final_layer_norm", layer.sub_ffn.norm)
-    if model.cfg.norm == "pre":
-        norm("model.encoder.layer_norm", model.encoder_norm)
-        norm("model.decoder.layer_norm", model.decoder_norm)
-    if model.cfg.tie_embeddings == "all":
-        sd["model.shared.weight"] = reads(model.tgt_embed.tokens.weight)
-    sd["model.encoder.embed_tokens.weight"] = reads(model.src_embed.tokens.weight)
-    sd["model.decoder.embed_tokens.weight"] = reads(model.tgt_embed.tokens.weight)
-    sd["lm_head.weight"] = reads(model.output.weight)
+    for w in hf_format.weight_table(model.cfg):
+        tensor = ours[w.ours]
+        if w.block is not None:  # a block of rows of a fused projection: Q, K, V (or K, V)
+            n = 3 if ".qkv_proj." in w.ours else 2
+            tensor = tensor.chunk(n)[w.block]
+        if perm is not None and w.features is not None:
+            tensor = tensor.index_select(w.features, perm)
+        sd[w.theirs] = tensor.reshape(1, -1) if w.ours == "output_bias" else tensor
     return {k: v.detach().float().contiguous().clone() for k, v in sd.items()}
 
 
-def hf_model(model: Transformer, decode: DecodeConfig):
+def hf_model(model: Transformer, decode: DecodeConfig, imported: bool = False):
     """The transformers model computing what `model` computes (eval mode, float32)."""
     transformers = require_transformers()
-    config = hf_config(model)
-    cls = transformers.PegasusForConditionalGeneration if model.cfg.norm == "pre" else transformers.MarianMTModel
-    hf = cls(config).eval()
+    cls = getattr(transformers, CLASSES[hf_format.hf_kind(model.cfg)][1])
+    hf = cls(hf_config(model)).eval()
     missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
     # The position tables are computed from the config, the output bias is zeros: nothing else may be left out.
     left = [k for k in missing if "embed_positions" not in k and k != "final_logits_bias"]
     if left or unexpected:
         raise ConfigError(f"this transformers version names the weights otherwise (missing {left[:3]}, "
                           f"unexpected {unexpected[:3]}); pip install 'transformers>=5'")  # fmt: skip
-    hf.generation_config = generation_config(model, decode)
+    hf.generation_config = generation_config(model, decode, imported)
     return hf
 
 
 @torch.no_grad()
 def probe_difference(model: Transformer, hf) -> float:
     """The largest |logit difference| between `model` and its transformers twin on a made-up batch (padded sources,
-    teacher-forced targets): the export's check that the permutation and the names are right."""
+    teacher-forced targets) at the logits this model computes (a Marian model's <pad> is -inf here): the export's
+    check that the permutation and the names are right."""
+    sp = model.specials
     gen = torch.Generator().manual_seed(0)
-    src = torch.randint(len(SPECIALS), model.src_vocab, (3, 11), generator=gen)
-    src[1, 7:] = PAD
-    src[:, -1].masked_fill_(src[:, -1] != PAD, EOS)
-    src[1, 6] = EOS
-    tgt = torch.randint(len(SPECIALS), model.tgt_vocab, (3, 9), generator=gen)
-    tgt[:, 0] = BOS
+    special = (sp.pad, sp.unk, sp.start, sp.eos)
+    ordinary = torch.tensor([i for i in range(min(model.src_vocab, model.tgt_vocab)) if i not in special])
+    src = ordinary[torch.randint(len(ordinary), (3, 11), generator=gen)]
+    src[:, -1] = sp.eos
+    src[1, 6], src[1, 7:] = sp.eos, sp.pad
+    tgt = ordinary[torch.randint(len(ordinary), (3, 9), generator=gen)]
+    tgt[:, 0] = sp.start
     was_training = model.training
     model.eval()
-    ours = model(src, src.eq(PAD), tgt)
+    ours = model(src, src.eq(sp.pad), tgt)
     model.train(was_training)
-    theirs = hf(input_ids=src, attention_mask=src.ne(PAD).long(), decoder_input_ids=tgt).logits
-    return (ours - theirs).abs().max().item()
+    theirs = hf(input_ids=src, attention_mask=src.ne(sp.pad).long(), decoder_input_ids=tgt).logits
+    finite = torch.isfinite(ours)
+    return (ours[finite] - theirs[finite]).abs().max().item()
 
 
 def hf_tokenizer(vocabs: Vocabs, max_positions: int):
@@ -289,7 +237,8 @@ def export_transformers(source: str, out_dir: Path, license: str | None = None) 
     known = DecodeConfig.__dataclass_fields__
     decode = DecodeConfig(**{k: v for k, v in (config.get("decode") or {}).items() if k in known})
     model.eval()
-    hf = hf_model(model, decode)
+    imported = vocabs.family != "bpe"
+    hf = hf_model(model, decode, imported)
     diff = probe_difference(model, hf)
     if diff > PROBE_TOLERANCE:
         raise ConfigError(f"{source}: the transformers model's logits differ by {diff:.2g} from this model's "
@@ -299,7 +248,10 @@ def export_transformers(source: str, out_dir: Path, license: str | None = None) 
     require_transformers().utils.logging.disable_progress_bar()  # no bar for a one-file write
     with export_dir(out_dir, "transformers", Path(ckpt["path"])) as staging:
         hf.save_pretrained(staging)
-        hf_tokenizer(vocabs, model.cfg.max_positions).save_pretrained(staging)
+        if imported:  # its own tokenizer files, as it came
+            vocabs.save(staging)
+        else:
+            hf_tokenizer(vocabs, model.cfg.max_positions).save_pretrained(staging)
         exported = (f"Exported with `python -m mt.export transformers` as `{architecture}` (weights permuted into its "
                     f"feature order; largest logit difference on a probe batch {diff:.1e}).")  # fmt: skip
         card = model_card(ckpt, model, out_dir.resolve().name, library="transformers", use=use_lines(decode),
@@ -311,27 +263,31 @@ def export_transformers(source: str, out_dir: Path, license: str | None = None) 
 
 
 @torch.no_grad()
-def generate_ids(hf, sources: list[list[int]], decode: DecodeConfig, batch_size: int = 64) -> list[list[int]]:
+def generate_ids(hf, sources: list[list[int]], decode: DecodeConfig, batch_size: int = 64,
+                 framing: Framing = PAPER_FRAMING) -> list[list[int]]:  # fmt: skip
     """Translate source ids (without </s>) with transformers' `generate` under this project's per-line length limit
     (`max_len_a` x source tokens, </s> included, + `max_len_b`): lines are grouped by their limit, which becomes
-    `max_length` (`max_new_tokens` plus the decoder's <s>). Returns the output ids without <s> and </s>, in the
-    order of `sources`."""
+    `max_length` (`max_new_tokens` plus the decoder's first token). `framing`: the model's special ids and language
+    tokens (NLLB's target language forced first, with </s> forced at the limit as here). Returns the output ids
+    without the decoder's first token, the target-language token and </s>, in the order of `sources`."""
+    sp, src_lead, tgt_lead = framing.specials, list(framing.src_lead), list(framing.tgt_lead)
     positions = hf.config.max_position_embeddings
     cap = min(positions - 1, decode.max_len or positions)  # as `output_cap`
-    limit = [max(1, min(cap, int((len(s) + 1) * decode.max_len_a + decode.max_len_b))) for s in sources]
+    lengths = [len(src_lead) + len(s) + 1 for s in sources]
+    limit = [max(1, min(cap, int(n * decode.max_len_a + decode.max_len_b))) for n in lengths]
+    forced = {"forced_bos_token_id": tgt_lead[0], "forced_eos_token_id": sp.eos} if tgt_lead else {}
     out: list[list[int]] = [[] for _ in sources]
     for n in sorted(set(limit)):
         rows = [i for i in range(len(sources)) if limit[i] == n]
         for start in range(0, len(rows), batch_size):
             part = rows[start : start + batch_size]
-            longest = max(len(sources[i]) + 1 for i in part)
-            ids = torch.full((len(part), longest), PAD)
+            ids = torch.full((len(part), max(lengths[i] for i in part)), sp.pad)
             for j, i in enumerate(part):
-                ids[j, : len(sources[i]) + 1] = torch.tensor(sources[i] + [EOS])
-            # max_length counts the decoder's <s>: n new tokens, the last one forced to </s> as here
-            gen = hf.generate(input_ids=ids, attention_mask=ids.ne(PAD).long(), max_length=n + 1,
-                              num_beams=decode.beam_size, do_sample=False)  # fmt: skip
+                ids[j, : lengths[i]] = torch.tensor(src_lead + sources[i] + [sp.eos])
+            # max_length counts the decoder's first token: n new tokens, the last one forced to </s> as here
+            gen = hf.generate(input_ids=ids, attention_mask=ids.ne(sp.pad).long(), max_length=n + 1,
+                              num_beams=decode.beam_size, do_sample=False, **forced)  # fmt: skip
             for j, i in enumerate(part):
-                row = gen[j, 1:].tolist()
-                out[i] = row[: row.index(EOS)] if EOS in row else [t for t in row if t != PAD]
+                row = gen[j, 1 + len(tgt_lead) :].tolist()
+                out[i] = row[: row.index(sp.eos)] if sp.eos in row else [t for t in row if t != sp.pad]
     return out

@@ -166,3 +166,62 @@ def hf_kind(cfg: ModelConfig) -> str:
     if cfg.sinusoids == "fairseq":
         return "m2m_100"
     return "marian" if cfg.norm == "post" else "pegasus"
+
+
+def config_dict(cfg: ModelConfig, src_vocab: int, tgt_vocab: int) -> dict:
+    """The config.json keys of `hf_kind(cfg)` for a model of `cfg`: `model_config`'s inverse."""
+    kind = hf_kind(cfg)
+    activation = {"relu": "relu", "swish": "swish", "gelu": "gelu"}[cfg.activation]
+    out = dict(
+        d_model=cfg.d_model,
+        encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.n_heads,
+        decoder_attention_heads=cfg.n_heads,
+        encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff,
+        max_position_embeddings=cfg.max_positions,
+        activation_function=activation,
+        scale_embedding=cfg.scale_embedding,
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=cfg.activation_dropout,
+        vocab_size=src_vocab,
+        pad_token_id=cfg.pad_id,
+        eos_token_id=cfg.eos_id,
+        decoder_start_token_id=cfg.decoder_start_id,
+        forced_eos_token_id=cfg.eos_id,
+        tie_word_embeddings=cfg.tie_embeddings in ("all", "decoder"),
+        encoder_layerdrop=0.0,
+        decoder_layerdrop=0.0,
+    )
+    if kind == "marian":
+        out |= dict(
+            decoder_vocab_size=tgt_vocab, share_encoder_decoder_embeddings=cfg.tie_embeddings in ("all", "inputs")
+        )
+    if kind == "m2m_100":
+        out |= dict(bos_token_id=0 if cfg.pad_id == 1 else cfg.decoder_start_id)
+    return out
+
+
+def refusal(cfg: ModelConfig) -> str | None:
+    """Why no transformers class computes a model of `cfg` exactly, or None."""
+    kind = hf_kind(cfg)
+    if cfg.positions != "sinusoidal":
+        return (f"model.positions={cfg.positions}: transformers' Marian and Pegasus add sinusoidal positions only; "
+                "a learned table has no exact counterpart there (export release or ctranslate2 instead)")  # fmt: skip
+    if kind == "m2m_100" and (cfg.position_offset != cfg.pad_id + 1 or cfg.norm != "pre"):
+        return "fairseq sinusoids that do not start after <pad>, or post-norm: no transformers class computes them"
+    if kind != "m2m_100" and cfg.position_offset:
+        return f"model.position_offset={cfg.position_offset}: Marian and Pegasus start their positions at 0"
+    if kind == "pegasus" and cfg.tie_embeddings != "all":
+        return (f"a pre-norm model with model.tie_embeddings={cfg.tie_embeddings}: Pegasus, transformers' "
+                "pre-norm encoder-decoder, has one embedding matrix for encoder, decoder and output "
+                "(tie_embeddings=all)")  # fmt: skip
+    if kind == "m2m_100" and cfg.tie_embeddings not in ("all", "inputs"):
+        return f"model.tie_embeddings={cfg.tie_embeddings}: M2M100 shares its encoder's and decoder's embeddings"
+    if cfg.output_bias and kind == "m2m_100":
+        return "model.output_bias: M2M100 has no output bias"
+    if cfg.mask_pad_logit and kind != "marian":
+        return "model.mask_pad_logit: only a Marian model's generation config bans <pad>"
+    return None

@@ -64,6 +64,11 @@ def load(path: str | Path) -> dict:
     if hub.looks_like_hub_id(str(path)) or hub.is_transformers_dir(Path(path)):
         return hub.load_transformers(path)
     path = Path(path)
+    weights = path.is_dir() and any((path / n).is_file() for n in hub.WEIGHT_FILES)
+    if weights and not (path / "config.json").is_file():
+        raise CheckpointError(f"{path}: weights but no config.json; a transformers checkpoint is a directory with "
+                              "config.json, the weights and the tokenizer files (a release has its config.json "
+                              "too)")  # fmt: skip
     if path.is_dir() and (path / "model.safetensors").is_file():
         return load_release(path)
     if path.is_dir() and (path / "mt.json").is_file():
