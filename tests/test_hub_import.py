@@ -6,6 +6,10 @@ generation config, through the Python API, translate.py and the server. No downl
 from __future__ import annotations
 
 import gzip
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,3 +196,102 @@ def test_greedy_and_beam_outputs_are_generates(hub_dir, name):
     texts = translator.translate(lines[:50], beam_size=4)
     assert texts == tok.batch_decode([[*translator.framing().tgt_lead, *t] for t in generate(
         hf, tok, translator, lines[:50], 4, src, tgt)], skip_special_tokens=True)  # fmt: skip
+
+
+def hf_texts(path: Path, name: str, lines: list[str], beams: int) -> list[str]:
+    """transformers' translations of `lines` (its generate() under this project's length limit, batch_decode)."""
+    src, tgt = MODELS[name]
+    translator = Translator.load(path, src_lang=src, tgt_lang=tgt)
+    ids = generate(hf_model(path), None, translator, lines, beams, src, tgt)
+    lead = list(translator.framing().tgt_lead)
+    return hf_tokenizer(path, src, tgt).batch_decode([lead + i for i in ids], skip_special_tokens=True)
+
+
+def test_translate_py_translates_a_transformers_dir_as_transformers_does(hub_dir, tmp_path):
+    path = model_dir(hub_dir, "marian_shared")
+    lines = read_test("marian_shared", 40)[0]
+    (tmp_path / "in.de").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    p = subprocess.run([sys.executable, "translate.py", f"checkpoint={path}", f"input={tmp_path / 'in.de'}",
+                        f"output={tmp_path / 'out.en'}"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "beam 4, length penalty average 1" in p.stderr  # the checkpoint's generation config
+    assert (tmp_path / "out.en").read_text(encoding="utf-8").splitlines() == hf_texts(path, "marian_shared", lines, 4)
+
+
+def test_the_server_translates_an_nllb_model_into_the_requested_language(hub_dir):
+    from fastapi.testclient import TestClient
+
+    from mt.config import ServeConfig
+    from mt.serve import create_app
+
+    path = model_dir(hub_dir, "nllb")
+    lines = read_test("nllb", 12)[0]
+    translator = Translator.load(path, src_lang="de", tgt_lang="en")
+    cfg = ServeConfig(checkpoint=str(path), decode=translator.decode, max_output_tokens=512)
+    with TestClient(create_app(translator, cfg, {"model": str(path)})) as client:
+        r = client.post("/translate", json={"src": lines, "beam_size": 4})
+        assert r.status_code == 200, r.text
+        assert r.json()["translations"] == hf_texts(path, "nllb", lines, 4)
+        other = client.post("/translate", json={"src": lines[:3], "tgt_lang": "fr"}).json()["translations"]
+        assert other != r.json()["translations"][:3]  # forced to start with fra_Latn: another output
+        r = client.post("/translate", json={"src": lines[:1], "tgt_lang": "xx"})
+        assert r.status_code == 422 and "tgt_lang=xx: this model has no token" in r.json()["error"]
+
+
+@pytest.mark.parametrize("name", ["marian_separate", "nllb"])
+def test_an_imported_model_exports_back_as_it_came(hub_dir, tmp_path, name):
+    """Import, then `mt.export transformers`: the same class, weights, tokenizer files and generation settings."""
+    from mt.export.hugging_face import export_transformers
+
+    path = model_dir(hub_dir, name)
+    out = export_transformers(str(path), tmp_path / "back")
+    original, back = hf_model(path), hf_model(out)
+    assert type(back) is type(original)
+    theirs, ours = original.state_dict(), back.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    for f in ("vocab.json", "source.spm", "target_vocab.json", "tokenizer.json"):
+        if (path / f).is_file():
+            assert (out / f).read_bytes() == (path / f).read_bytes()
+    src, tgt = MODELS[name]
+    lines = read_test(name, 30)[0]
+    assert hf_texts(out, name, lines, 4) == hf_texts(path, name, lines, 4)
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert gen.get("num_beams", 1) == (original.generation_config.num_beams or 1)
+
+
+def train(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})  # fmt: skip
+
+
+def test_a_fine_tuned_opus_mt_model_resumes_exactly_and_exports_back_to_transformers(hub_dir, tmp_path):
+    """train.init_from a transformers dir: the parent's architecture, tokenizer and generation settings; a run
+    stopped and resumed ends with the weights of one that was not; the export back loads in transformers as a
+    MarianMTModel whose greedy and beam outputs are the run's."""
+    from mt.export.hugging_face import export_transformers
+
+    parent = model_dir(hub_dir, "marian_shared")
+    common = ["data=local", f"data.dir={DATA / 'opus_emea_de_en'}", "data.src_lang=de", "data.tgt_lang=en",
+              "data.valid_from_train=100", "data.test_splits=[]", f"train.init_from={parent}", "train.max_tokens=1500",
+              "train.valid_every=6", "train.valid_bleu_subset=20", "train.progress=false", "train.tensorboard=false",
+              "train.device=cpu", "train.lr=1e-3", "train.warmup=4"]  # fmt: skip
+    straight = train([*common, "train.max_updates=12", f"run_dir={tmp_path / 'straight'}"])
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert "decoding as the parent's generation config: beam 4, length penalty average 1" in straight.stderr
+    first = train([*common, "train.max_updates=6", f"run_dir={tmp_path / 'resumed'}"])
+    assert first.returncode == 0, first.stderr[-3000:]
+    then = train([*common, "train.max_updates=12", f"run_dir={tmp_path / 'resumed'}"])
+    assert then.returncode == 0 and "resumed from" in then.stderr, then.stderr[-3000:]
+    a, b = (
+        torch.load(tmp_path / r / "checkpoint_last.pt", weights_only=False)["model"] for r in ("straight", "resumed")
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["output.weight"], saved.load(parent)["model"]["output.weight"])  # it did train
+
+    out = export_transformers(str(tmp_path / "straight"), tmp_path / "hf")
+    assert type(hf_model(out)).__name__ == "MarianMTModel"
+    lines = read_test("marian_shared", 30)[0]
+    run = Translator.load(tmp_path / "straight")
+    for beams in (1, 4):
+        assert run.translate(lines, beam_size=beams) == hf_texts(out, "marian_shared", lines, beams)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mt import errors, runtime
-from mt.config import Config, ConfigError, DataConfig
+from mt.config import Config, ConfigError, DataConfig, DecodeConfig
 from mt.data import read
 from mt.data.tokenizer import Vocabs
 from mt.model import hub, saved
@@ -130,7 +130,21 @@ def adopt(cfg: Config, parent: Parent, overrides: list[str]) -> Config:
     ignored = sorted(k for k in given if k.startswith("tokenizer.") and k != "tokenizer.path")
     if ignored:
         log.warning("%s: ignored; a fine-tuning run segments its data with the parent's tokenizer", ", ".join(ignored))
-    return dataclasses.replace(cfg, model=model, tokenizer=tokenizer)
+    return dataclasses.replace(cfg, model=model, tokenizer=tokenizer, decode=parent_decoding(cfg, parent, given))
+
+
+def parent_decoding(cfg: Config, parent: Parent, given: set[str]) -> DecodeConfig:
+    """A transformers parent's decoding (its generation config: beam, length penalty, stopping rule), which the run
+    validates, tests and exports with, under the command line's decode.* keys; another parent leaves the run's."""
+    theirs = (parent.ckpt.get("config") or {}).get("decode")
+    if parent.ckpt["format"] != hub.HUB_FORMAT or not theirs or "decode" in given:
+        return cfg.decode
+    mine = {k.removeprefix("decode.") for k in given if k.startswith("decode.")}
+    fields = {f.name for f in dataclasses.fields(DecodeConfig)}
+    merged = {**dataclasses.asdict(cfg.decode), **{k: v for k, v in theirs.items() if k in fields and k not in mine}}
+    log.info("decoding as the parent's generation config: beam %d, length penalty %s %g", merged["beam_size"],
+             merged["length_penalty_type"], merged["length_penalty"])  # fmt: skip
+    return DecodeConfig(**merged)
 
 
 def freeze(model: Transformer, parts: list[str]) -> None:
@@ -207,7 +221,7 @@ def report_tokenization(parent: Parent, new_pairs) -> None:
     new = tokenization(parent.vocabs, new_pairs)
     own = None
     parent_data = (parent.ckpt.get("config") or {}).get("data")
-    if parent_data:
+    if parent_data and (parent_data.get("dir") or parent_data.get("hub_name")):  # (a transformers parent has none)
         try:
             fields = {k: v for k, v in parent_data.items() if k in DataConfig.__dataclass_fields__}
             dc = DataConfig(**{**fields, "corpora": [], "directions": []})
