@@ -127,6 +127,10 @@ def build_marian(out: Path, kind: str) -> Path:
                                 separate_vocabs=separate, source_lang="en" if kind == "multi" else "de",
                                 target_lang=None if kind == "multi" else "en")  # fmt: skip
     fit(model, tokenizer, pairs)
+    with torch.no_grad():  # as transformers' converter writes OPUS-MT: the decoder starts from a zero embedding
+        for emb in {id(e): e for e in (model.get_input_embeddings(), model.get_decoder().embed_tokens)}.values():
+            emb.weight[pad].zero_()
+        model.final_logits_bias[0, pad] = 0.0
     model.generation_config.update(bad_words_ids=[[pad]], **MARIAN_GENERATION)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)

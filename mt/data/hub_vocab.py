@@ -31,6 +31,7 @@ from mt.data.tokenizer import Framing, Specials, Vocab, Vocabs
 from mt.errors import TokenizerError
 
 MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
+HUB_TOKENIZER_FILE = "hub_tokenizer.json"  # beside the files of an export of this toolkit: their family and ids
 NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # eng_Latn, deu_Latn, ...
 MARIAN_CODE = re.compile(r">>[^<>\s]+<<")  # >>fra<<, >>pt_br<<, ...
 # ISO 639-1 codes (this project's data.src_lang / tgt_lang) -> NLLB's; Marian's >>xxx<< codes are their first
@@ -189,13 +190,16 @@ class HubVocabs(Vocabs):
         return {name: dir / name for name in self.files_}
 
     def save(self, dir: Path) -> None:
-        """The tokenizer files as transformers reads them."""
+        """The tokenizer files as transformers reads them, and `HUB_TOKENIZER_FILE` naming them (how a release or
+        a CTranslate2 export of this toolkit finds them again)."""
         dir.mkdir(parents=True, exist_ok=True)
         for name, text in self.files_.items():
             if name.endswith(".spm") or name.endswith(".model"):
                 (dir / name).write_bytes(base64.b64decode(text))
             else:
                 (dir / name).write_text(text, encoding="utf-8")
+        meta = {"family": self.family, "specials": list(astuple(self.src.specials)), "files": sorted(self.files_)}
+        (dir / HUB_TOKENIZER_FILE).write_text(json.dumps(meta, indent=2) + "\n")
 
     def to_json(self) -> dict:
         return {"family": self.family, "files": dict(self.files_), "specials": list(astuple(self.src.specials))}
@@ -234,6 +238,14 @@ def hub_vocabs(family: str, files: dict[str, str], specials: Specials) -> HubVoc
         languages = {t: i for i, t in vocab.added_tokens().items() if NLLB_CODE.fullmatch(t)}
         return HubVocabs(vocab, vocab, family, files, languages)
     raise TokenizerError(f"tokenizer family {family!r}: unknown; this version reads marian and tokenizers")
+
+
+def read_saved(dir: Path) -> dict:
+    """The tokenizers `HubVocabs.save` wrote into an export dir, as `HubVocabs.to_json` gives them."""
+    meta = json.loads((dir / HUB_TOKENIZER_FILE).read_text())
+    files = {n: base64.b64encode((dir / n).read_bytes()).decode() if n.endswith((".spm", ".model"))
+             else (dir / n).read_text(encoding="utf-8") for n in meta["files"]}  # fmt: skip
+    return {"family": meta["family"], "files": files, "specials": meta["specials"]}
 
 
 def read_hub_tokenizers(dir: Path, specials: Specials, where: str) -> HubVocabs:

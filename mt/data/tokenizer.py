@@ -396,6 +396,10 @@ def read_pretokenize(dir: Path) -> dict | None:
 def read_tokenizer_files(dir: Path) -> dict:
     """The tokenizers of an exported model dir as checkpoints store them (`Vocabs.to_json`: JSON strings, and the
     pre-tokenization recorded beside them)."""
+    if (dir / "hub_tokenizer.json").is_file():  # an imported model's (mt/data/hub_vocab.py)
+        from mt.data.hub_vocab import read_saved
+
+        return read_saved(dir)
     pretokenize = read_pretokenize(dir)
     extra = {"pretokenize": pretokenize} if pretokenize is not None else {}
     if (dir / "tokenizer.json").is_file():

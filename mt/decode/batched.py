@@ -183,7 +183,7 @@ def decode_ids(
                               "beam search; give the run dir or release instead of the CTranslate2 export")  # fmt: skip
         if stop is not None and stop():
             raise Stopped
-        return model.translate_ids(src_ids, cfg, prefixes)
+        return model.translate_ids(src_ids, cfg, prefixes, framing)
     if stop is not None:
         model = Stoppable(model, stop)
     return translate_ids(model, src_ids, cfg, device, amp, prefixes, line_numbers, constraints, framing)

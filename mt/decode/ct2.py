@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from mt.config import ConfigError, DecodeConfig, ModelConfig
-from mt.data.tokenizer import Vocabs
+from mt.data.tokenizer import Framing, Vocabs
 from mt.decode.search import Hypothesis, output_cap
 from mt.model import saved
 
@@ -53,8 +53,29 @@ class CTranslate2Model:
         )
         self.vocabs: Vocabs = Vocabs.from_json(saved.tokenizer_files(path, self.run_config))
 
+    def framed(self, src_ids: list[list[int]], prefixes, framing: Framing | None):
+        """Source tokens and target prefixes as CTranslate2 reads them: an imported model's (converted by
+        CTranslate2's own converter) end with </s> and carry its language tokens; ours add </s> themselves."""
+        src = [self.vocabs.src.tokens(s) for s in src_ids]
+        if self.vocabs.family == "bpe":
+            return src, [self.vocabs.tgt.tokens(p) for p in prefixes] if prefixes else None, 0
+        framing = framing or self.vocabs.framing(None, None)
+        eos = self.vocabs.src.tokens([framing.specials.eos])
+        src_lead, tgt_lead = (
+            self.vocabs.src.tokens(list(framing.src_lead)),
+            self.vocabs.tgt.tokens(list(framing.tgt_lead)),
+        )
+        src = [src_lead + s + eos for s in src]
+        if tgt_lead or prefixes:
+            prefixes = [tgt_lead + (self.vocabs.tgt.tokens(prefixes[i]) if prefixes else []) for i in range(len(src))]
+        return src, prefixes, len(tgt_lead)
+
     def translate_ids(
-        self, src_ids: list[list[int]], cfg: DecodeConfig, prefixes: list[list[int]] | None = None
+        self,
+        src_ids: list[list[int]],
+        cfg: DecodeConfig,
+        prefixes: list[list[int]] | None = None,
+        framing: Framing | None = None,
     ) -> list[list[Hypothesis]]:
         """Hypotheses for each source (ids without </s>), in input order; `prefixes`: target ids each line's
         hypotheses start with (CTranslate2's target_prefix). Sampling draws from CTranslate2's own generator: its
@@ -68,22 +89,23 @@ class CTranslate2Model:
                 continue
             limit = min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), output_cap(self, cfg))
             groups[max(1, limit)].append(i)
-        src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt
+        tgt_vocab = self.vocabs.tgt
         sampling = {}
         if cfg.sampling:
             require_ctranslate2().set_random_seed(cfg.seed)
             sampling = dict(sampling_topk=cfg.topk, sampling_topp=cfg.topp, sampling_temperature=cfg.temperature)
+        sources, targets, lead = self.framed(src_ids, prefixes, framing)
         for limit, rows in groups.items():
-            prefix = [self.vocabs.tgt.tokens(prefixes[i]) for i in rows] if prefixes else None
+            prefix = [targets[i] for i in rows] if targets else None
             results = self.translator.translate_batch(
-                [src_vocab.tokens(src_ids[i]) for i in rows],
+                [sources[i] for i in rows],
                 target_prefix=prefix,
                 max_batch_size=cfg.max_tokens,
                 batch_type="tokens",
                 beam_size=cfg.beam_size,
                 num_hypotheses=cfg.nbest,
                 length_penalty=alpha,
-                max_decoding_length=max(1, limit - 1),  # tokens before </s>, as the limit counts </s>
+                max_decoding_length=max(1, limit - 1 + lead),  # tokens before </s>, as the limit counts </s>
                 min_decoding_length=cfg.min_len,
                 disable_unk=cfg.no_unk,
                 max_input_length=0,
@@ -92,15 +114,18 @@ class CTranslate2Model:
             )
             for i, r in zip(rows, results):
                 out[i] = [
-                    Hypothesis([tgt_vocab.token_to_id(t) for t in tokens], score, score if not alpha else math.nan)
+                    Hypothesis(
+                        [tgt_vocab.token_to_id(t) for t in tokens[lead:]], score, score if not alpha else math.nan
+                    )
                     for tokens, score in zip(r.hypotheses, r.scores)
                 ]
         return out
 
     def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[float]:
         """The log-probability of each target given its source (</s> included), by CTranslate2's score_batch."""
-        src_vocab, tgt_vocab = self.vocabs.src, self.vocabs.tgt
-        results = self.translator.score_batch(
-            [src_vocab.tokens(s) for s in src_ids], [tgt_vocab.tokens(t) for t in tgt_ids], max_input_length=0
-        )
+        sources, _, _ = self.framed(src_ids, None, None)
+        framing = None if self.vocabs.family == "bpe" else self.vocabs.framing(None, None)
+        lead = self.vocabs.tgt.tokens(list(framing.tgt_lead)) if framing else []
+        results = self.translator.score_batch(sources, [lead + self.vocabs.tgt.tokens(t) for t in tgt_ids],
+                                              max_input_length=0)  # fmt: skip
         return [sum(r.log_probs) for r in results]

@@ -113,8 +113,33 @@ def export_ctranslate2(source: str, out_dir: Path, quantization: str | None = No
     ckpt = saved.load(source)
     model, vocabs = saved.build_model(ckpt)
     with export_dir(out_dir, "ctranslate2", Path(ckpt["path"])) as staging:
-        write_ctranslate2(model, vocabs, staging, quantization, _shareable_config(ckpt), str(ckpt["path"]))
+        if vocabs.family != "bpe":  # an imported model: CTranslate2's own converter, from its transformers export
+            convert_imported(ckpt, model, vocabs, staging, quantization)
+        else:
+            write_ctranslate2(model, vocabs, staging, quantization, _shareable_config(ckpt), str(ckpt["path"]))
     return out_dir
+
+
+def convert_imported(ckpt: dict, model: Transformer, vocabs: Vocabs, out_dir: Path, quantization: str | None) -> None:
+    """An imported model (OPUS-MT, NLLB) through CTranslate2's transformers converter, the way its users convert
+    such models (ct2-transformers-converter), from this model's transformers export; then its tokenizer files
+    and `mt.json` beside, as `write_ctranslate2` writes them."""
+    import tempfile
+
+    from ctranslate2.converters import TransformersConverter
+
+    from mt.export.hugging_face import export_transformers
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir = export_transformers(str(ckpt["path"]), Path(tmp) / "hf")
+        converted = Path(tmp) / "ct2"
+        TransformersConverter(str(hf_dir)).convert(str(converted), quantization=quantization)
+        for f in converted.iterdir():
+            f.replace(out_dir / f.name)
+    vocabs.save(out_dir)
+    meta = {"format": CT2_FORMAT, "source": str(ckpt["path"]), "quantization": quantization or "float32",
+            "model_args": model.config_dict(), "config": _shareable_config(ckpt)}  # fmt: skip
+    (out_dir / "mt.json").write_text(json.dumps(meta, indent=2))
 
 
 def write_ctranslate2(
