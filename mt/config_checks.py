@@ -27,7 +27,6 @@ NORMALIZERS = ("NFC", "NFD", "NFKC", "NFKD", "Lowercase", "StripAccents")  # tok
 def validate_auto(cfg: Config) -> None:
     """What `+experiment=auto` cannot choose for."""
     for key, set_, why in (
-        ("train.init_from", cfg.train.init_from, "a fine-tuning run keeps its parent's architecture and tokenizer"),
         ("data.corpora", cfg.data.corpora, "the rule reads one corpus"),
         ("data.directions", cfg.data.directions, "the rule reads one direction"),
     ):

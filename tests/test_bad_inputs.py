@@ -630,12 +630,6 @@ ROWS = [
         "+experiment=auto: 200 training pairs, fewer than 1,000: too few",
     ),
     ("auto_without_budget", "train", _args("+experiment=auto"), "+experiment=auto chooses the recipe for a budget"),
-    (
-        "auto_fine_tuning",
-        "train",
-        _parent("+experiment=auto", "train.max_updates=5"),
-        "+experiment=auto with train.init_from: a fine-tuning run keeps",
-    ),
     ("auto_probe_not_bool", "train", _args("+experiment=auto", "auto.probe=maybe"), "auto.probe"),
     ("batching_unknown", "train", _args("data.batching=sorted"), "data.batching='sorted' is not one of pools, fixed"),
     (

@@ -326,7 +326,7 @@ def test_test_reports_decode_in_fp32_whatever_the_training_autocast(toy_corpus, 
     trainer.amp = torch.bfloat16  # what precision=auto trains with on an AMX CPU or an Ampere GPU
     used = []
     decode = mt.decode.batched.translate_ids
-    monkeypatch.setattr(mt.train.finish, "translate_ids", lambda *a: (used.append(a[-1]), decode(*a))[1])
+    monkeypatch.setattr(mt.train.finish, "translate_ids", lambda *a, **k: (used.append(a[-1]), decode(*a, **k))[1])
     report = mt.train.finish.finish(trainer)["reports"][0]
     assert used == [None] and report["precision"] == "fp32"
 

@@ -212,7 +212,7 @@ def test_a_validation_set_held_out_of_training_and_the_parents_test_reported(toy
     finetune.start(trainer, parent)
     trainer.fit(job_start=0)
     names = [r["name"] for r in finish(trainer)["reports"]]
-    assert names == ["test", "parent.test"] and (run / "parent.test.report.json").is_file()
+    assert names == ["test", "test.before", "parent.test"] and (run / "parent.test.report.json").is_file()
 
 
 def test_the_held_out_pairs_are_the_same_with_any_tokenizer_and_unseen_by_the_bpe(toy_run, domain, tmp_path,

@@ -105,7 +105,7 @@ def test_a_lowercased_model_is_selected_by_lowercased_bleu(tmp_path, monkeypatch
     vocabs = build_vocabs(cfg, read.TextPairs.of_table(tiny_train()), tmp_path)
     # the search "translates" each sentence into its reference, lowercased when the tokenizer lowercases
     ds = datasets.Dataset.from_dict({"src_ids": [vocabs.src.encode(r) for r in refs], "tgt": refs})
-    fake = lambda model, src_ids, *rest: [[SimpleNamespace(tokens=ids)] for ids in src_ids]  # noqa: E731
+    fake = lambda model, src_ids, *rest, **kw: [[SimpleNamespace(tokens=ids)] for ids in src_ids]  # noqa: E731
     monkeypatch.setattr(scoring, "translate_ids", fake)
     result = scoring.validation_bleu(None, ds, vocabs, DecodeConfig(), None, None)
     cased = report.score(vocabs.tgt.decode_batch(list(ds["src_ids"])), refs)["bleu"]

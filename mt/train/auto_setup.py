@@ -19,7 +19,7 @@ from mt.config import Config, ConfigError
 from mt.data import read
 from mt.data.corpus import make_sampler, prepare_data
 from mt.runtime import pick_device
-from mt.train import probe
+from mt.train import auto_finetune, probe
 from mt.train.auto import (
     BATCH_TOKENS,
     NOTE,
@@ -147,6 +147,8 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
         raise ConfigError("+experiment=auto under torchrun: each process would time its own shapes; run it once on "
                           f"one process and pass the choices it logs (its {AUTO_FILE}) as overrides")  # fmt: skip
     keys, groups = explicit(overrides)
+    if cfg.train.init_from:  # a fine-tuning run: its own rule (mt/train/auto_finetune.py)
+        return auto_finetune.configure(cfg, run_dir, keys, groups, budget(cfg, job_start), block)
     saved = run_dir / AUTO_FILE
     if saved.is_file():  # a resumed run: the recipe it started with
         record = json.loads(saved.read_text())

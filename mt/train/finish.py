@@ -56,7 +56,9 @@ def finish(trainer) -> dict:
     if trainer.tc.init_from and trainer.tc.test_parent:
         # The parent on this run's test splits (what fine-tuning gained), and this run on the parent's (what it kept).
         parent = saved.build_model(saved.load(trainer.tc.init_from))[0].to(trainer.device).eval()
-        reports += evaluate_splits(trainer, trainer.cfg.data.test_splits, "the parent", model=parent, suffix=".parent")
+        reports += evaluate_splits(
+            trainer, trainer.cfg.data.test_splits, "the parent, before fine-tuning", model=parent, suffix=".before"
+        )
         reports += evaluate_splits(trainer, [], tag, extra=finetune.parent_test_splits(trainer.run_dir))
     for line in where_it_went(run_dir, reports):
         log.info("%s", line)
