@@ -23,6 +23,7 @@ EXAMPLES = [  # text, marked
     ("iPhone McDonald GROß", "iPhone McDonald GROß"),  # mixed case, or case that would not come back: as they are
     ("  Two  spaces ", f"  {TITLE} two  spaces "),  # single spaces only: the text's own spaces stay
     ("", ""),
+    ("_Hallo __Init__ a_B", f"{TITLE} _hallo {TITLE} __init__ a_{TITLE} b"),  # "_" is not part of a run
 ]
 
 

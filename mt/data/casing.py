@@ -26,8 +26,9 @@ MARKS = (TITLE, UPPER)
 STRAY = str.maketrans("", "", TITLE + UPPER)
 _RUN = re.compile(r"[^\W_]+")  # a run of letters and digits: the unit a mark describes
 # A run of marks (the last one counts), the space after it (the one `mark` put there), the punctuation before the
-# run it describes ("(", a quote) and the run. A model may also glue a mark to its word or end with one.
-_MARKED = re.compile(f"([{TITLE}{UPPER}]+) ?([^\\w\\s{TITLE}{UPPER}]*)([^\\W_]*)")
+# run it describes ("(", a quote, "_": not part of a run either) and the run. A model may also glue a mark to its
+# word or end with one.
+_MARKED = re.compile(f"([{TITLE}{UPPER}]+) ?((?:[^\\w\\s{TITLE}{UPPER}]|_)*)([^\\W_]*)")
 
 
 def _title(lower: str) -> str:
