@@ -89,10 +89,12 @@ def fine_tuning_batches(path: Path, max_tokens: int, n: int, run_dir: Path):
     tokenizer), and those batches' ids (what transformers is given)."""
     from hydra import compose, initialize_config_dir
 
+    from mt.config import register_configs
     from mt.config_checks import to_dataclass
     from mt.data.corpus import prepare_data, training_batches
     from mt.train import finetune
 
+    register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         over = ["data=local", f"data.dir={DATA}", "data.src_lang=de", "data.tgt_lang=en", "data.test_splits=[]",
                 "data.valid_from_train=100", f"train.init_from={path}", f"train.max_tokens={max_tokens}",
@@ -150,6 +152,7 @@ def ours_rates(cfg, corpus, parent, batches, rounds: int, warm: int, precision: 
     from mt.train.trainer import Trainer
 
     cfg = replace(cfg, train=replace(cfg.train, precision=precision))
+    run_dir.mkdir(parents=True)
     trainer = Trainer(cfg, corpus, run_dir)
     finetune.start(trainer, parent)
     rates = []

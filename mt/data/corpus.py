@@ -22,14 +22,16 @@ from mt.data import casing, read
 from mt.data.batching import BatchLoader, TokenBucketSampler
 from mt.data.bpe_dropout import BPEDropoutSegments
 from mt.data.holdout import Without, held_out_pairs, hold_out
-from mt.data.pretokenize import moses
+from mt.data.pretokenize import JOINER, moses
 from mt.data.read import TextPairs
 from mt.data.tokenizer import (
     Framing,
     Vocab,
     Vocabs,
     balanced_sample,
+    folded_joiner,
     load_run_vocabs,
+    protect,
     sample_pairs,
     train_vocab,
     train_vocab_on,
@@ -217,6 +219,8 @@ def _meta_key(cfg: TokenizerConfig, train_fingerprint: str, tags: tuple[str, ...
             del config[key]
     what = [config, train_fingerprint, *([list(tags)] if tags else []), *(["balanced"] if balanced else [])]
     what += ["punctuation keeps its space", "joiner marks"] if cfg.pretokenize == "moses" else []  # `new_tokenizer`'s
+    if cfg.pretokenize == "moses" and folded_joiner(cfg.normalization) != JOINER:
+        what.append("real joiners protected")  # (NFKC, NFKD: `protect`)
     # (without tags, balance or Moses: the keys of before)
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -279,9 +283,11 @@ def _train_vocabs(cfg: TokenizerConfig, pairs: TextPairs, key: str, tags: tuple[
                   langs: tuple[str, str] | None) -> tuple[Vocabs, dict]:  # fmt: skip
     start = time.perf_counter()
     sample, seen = sample_pairs(pairs, cfg.sample_pairs)
-    if cfg.pretokenize == "moses":  # the BPE learns from the text as it will see it
-        src, tgt = moses(langs[0]), moses(langs[1])
-        sample = [(src.tokenize(s), tgt.tokenize(t)) for s, t in sample]
+    if cfg.pretokenize == "moses":  # the BPE learns from the text as it will see it (`Vocab.pretokenized`)
+        src, tgt, folded = moses(langs[0]), moses(langs[1]), folded_joiner(cfg.normalization)
+        sample = [
+            (src.tokenize(protect(s, folded, JOINER)), tgt.tokenize(protect(t, folded, JOINER))) for s, t in sample
+        ]
     if cfg.case_markup:  # (after Moses, as `Vocab.pretokenized`)
         sample = [(casing.mark(s), casing.mark(t)) for s, t in sample]
     if cfg.joint:

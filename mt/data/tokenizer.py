@@ -30,6 +30,22 @@ log = logging.getLogger(__name__)
 
 SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
 PRETOKENIZE_FILE = "pretokenize.json"  # beside tokenizer.json: tokenizer.pretokenize's setting and languages
+# What a real "■" (U+25A0) becomes before Moses where the normalization (NFKC, NFKD) folds the joiner "￭" into "■":
+# a private-use character no normalization changes, "■" again after decoding.
+FOLDED = "\ue0c3"
+
+
+def protect(text: str, joiner_in_tokens: str | None, joiner: str | None) -> str:
+    """`text` before Moses: its real `joiner_in_tokens` characters as FOLDED where the normalization makes the
+    joiner into one of them (else as it is), so that decoding does not take them for joiners."""
+    return text.replace(joiner_in_tokens, FOLDED) if joiner and joiner_in_tokens != joiner else text
+
+
+def folded_joiner(normalization: str) -> str:
+    """What the normalization `normalization` ("NFC", "NFKC+Lowercase", ...) makes of the joiner."""
+    return new_tokenizer(normalization).normalizer.normalize_str(JOINER)
+
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 
@@ -124,7 +140,7 @@ class Vocab:
     def pretokenized(self, texts: list[str]) -> list[str]:
         """`texts` as the BPE sees them: Moses-tokenized with `moses`, case-marked with `case_markup`."""
         if self.moses is not None:
-            texts = [self.moses.tokenize(t) for t in texts]
+            texts = [self.moses.tokenize(protect(t, self._joiner_in_tokens, self.moses.joiner)) for t in texts]
         return [casing.mark(t) for t in texts] if self.case_markup else texts
 
     def unchanged(self, text: str) -> str | None:
@@ -164,8 +180,9 @@ class Vocab:
             texts = [casing.restore(t) for t in texts]
         if self.moses is None:
             return texts
-        if self._joiner_in_tokens != self.moses.joiner:
-            texts = [t.replace(self._joiner_in_tokens, self.moses.joiner) for t in texts]
+        if self._joiner_in_tokens != self.moses.joiner:  # NFKC and NFKD: the joiner became "■"; real ones came as
+            texts = [t.replace(self._joiner_in_tokens, self.moses.joiner) for t in texts]  # FOLDED (`protect`)
+            return [self.moses.detokenize(t).replace(FOLDED, self._joiner_in_tokens) for t in texts]
         return [self.moses.detokenize(t) for t in texts]
 
     @property
