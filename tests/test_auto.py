@@ -360,6 +360,34 @@ def test_the_probe_keys_a_machine_by_its_cpu_family_and_vector_extensions(monkey
     )
 
 
+def test_arm_cores_are_told_apart_by_their_part_and_vector_extensions():
+    """Graviton2 (Neoverse N1) and Graviton3 (Neoverse V1) have no "model name" or family in /proc/cpuinfo: their
+    figures were cached under one key ("aarch64 (family ? model ?)")."""
+    n1 = (
+        "processor\t: 0\nFeatures\t: fp asimd asimddp\nCPU implementer\t: 0x41\nCPU part\t: 0xd0c\nCPU variant\t: 0x3\n"
+    )
+    v1 = "processor\t: 0\nFeatures\t: fp asimd asimddp sve bf16 i8mm\nCPU implementer\t: 0x41\nCPU part\t: 0xd40\n"
+    graviton2, graviton3 = probe.describe_cpu(n1, "aarch64"), probe.describe_cpu(v1, "aarch64")
+    assert graviton2 == "aarch64 (implementer 0x41 part 0xd0c variant 0x3, asimd,asimddp)"
+    assert graviton3 == "aarch64 (implementer 0x41 part 0xd40 variant ?, asimd,asimddp,sve,bf16,i8mm)"
+
+
+@pytest.mark.parametrize("content", ["[1, 2]", '"a string"', "null", "{not json"])
+def test_a_cache_file_that_is_not_a_json_object_is_started_afresh(tmp_path, monkeypatch, content):
+    import torch
+
+    monkeypatch.setenv("MT_CACHE", str(tmp_path))
+    (tmp_path / "throughput.json").write_text(content)
+    monkeypatch.setattr(probe, "measure_points", lambda points, device, precision: {p: 1000.0 for p in points})
+    monkeypatch.setattr(probe, "measure_factor", lambda *a: 0.9)
+    tiny = {"d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 1}
+    cpu = torch.device("cpu")
+    assert probe.throughput({("compact", 4_000, False): tiny}, cpu, "fp32") == {("compact", 4_000, False): 1000.0}
+    (tmp_path / "throughput.json").write_text(content)
+    assert probe.batch_factor(("compact", 4_000, False), tiny, cpu, "fp32", [((3,), (4,))]) == 0.9
+    assert isinstance(json.loads((tmp_path / "throughput.json").read_text()), dict)
+
+
 def test_the_probe_table_has_every_point_the_rule_may_read():
     from mt.train.auto import (
         FLORES_PAIRS,

@@ -43,6 +43,7 @@ TOKENS, SENTENCE, STEPS, ROUNDS = 2_048, 24, 2, 5  # ROUNDS rounds of STEPS time
 EXTRAS_DROPOUT = 0.1  # the rule's FLoRes extras (auto.py): attention and activation dropout
 # CPU flags that change how fast torch trains: a "model name" alone does not tell a Zen 3 (AVX2) from a Zen 4.
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
+ARM_VECTOR_FLAGS = ("asimd", "asimddp", "sve", "sve2", "bf16", "i8mm")  # an Arm core's (Graviton3: SVE and BF16)
 Point = tuple[str, int, bool]  # (shape name, BPE vocabulary, FLoRes' extras)
 Shape = tuple[tuple[int, ...], tuple[int, ...]]  # a batch's source and target lengths, sentence by sentence
 FACTOR_ROUNDS = 3  # rounds of the sample's batches (and STEPS made-up updates) `batch_factor` times
@@ -69,17 +70,25 @@ def machine(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     try:
-        info = dict(
-            line.split(":", 1)
-            for line in Path("/proc/cpuinfo").read_text().split("\n\n")[0].splitlines()
-            if ":" in line
-        )
+        return describe_cpu(Path("/proc/cpuinfo").read_text(), platform.machine())
     except OSError:
         return platform.processor() or platform.machine()
-    info = {k.strip(): v.strip() for k, v in info.items()}
+
+
+def describe_cpu(cpuinfo: str, arch: str) -> str:
+    """The cache's name for this CPU, from /proc/cpuinfo's first processor: x86's model name, family, model and
+    vector extensions; an Arm core's implementer, part and variant (Graviton2's Neoverse N1 is part 0xd0c,
+    Graviton3's V1 0xd40: they share no "model name") and its vector extensions."""
+    lines = cpuinfo.split("\n\n")[0].splitlines()
+    info = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in lines if ":" in line)}
+    if "CPU implementer" in info and "cpu family" not in info:  # Arm (aarch64): no family, no model
+        flags = set(info.get("Features", "").split())
+        vector = ",".join(f for f in ARM_VECTOR_FLAGS if f in flags) or "no sve"
+        return (f"{info.get('model name', arch)} (implementer {info['CPU implementer']} part "
+                f"{info.get('CPU part', '?')} variant {info.get('CPU variant', '?')}, {vector})")  # fmt: skip
     flags = set(info.get("flags", "").split())
     vector = ",".join(f for f in VECTOR_FLAGS if f in flags) or "no avx2"
-    return f"{info.get('model name', platform.machine())} (family {info.get('cpu family', '?')} model " \
+    return f"{info.get('model name', arch)} (family {info.get('cpu family', '?')} model " \
            f"{info.get('model', '?')}, {vector})"  # fmt: skip
 
 
@@ -184,10 +193,7 @@ def throughput(
     if not probe:
         return {point: TABLE[point] for point in points}
     path = cache_path()
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = _read(path)
     keys = {point: cache_key(point, shape, device, precision) for point, shape in points.items()}
     missing = {point: shape for point, shape in points.items() if keys[point] not in cache}
     if missing:
@@ -221,10 +227,7 @@ def batch_factor(point: Point, shape: dict, device: torch.device, precision: str
     path = cache_path()
     digest = hashlib.sha1(json.dumps(shapes).encode()).hexdigest()[:16]
     key = f"{cache_key(point, shape, device, precision)}|batches {digest}"
-    try:
-        cache = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cache = {}
+    cache = _read(path)
     if key not in cache:
         start = time.perf_counter()
         cache[key] = measure_factor(point, shape, device, precision, shapes)
@@ -272,6 +275,19 @@ def rescale(planned: dict[str, float], ratio: float) -> int:
     if hits:
         _write(path, cache)
     return len(hits)
+
+
+def _read(path: Path) -> dict:
+    """The cache's figures; an unreadable file, or one that is not a JSON object (not what this module writes), is
+    none (it is rewritten with the next figures)."""
+    try:
+        cache = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(cache, dict):
+        log.warning("auto: %s is not a JSON object; the probe's figures start afresh there", path)
+        return {}
+    return cache
 
 
 def _write(path: Path, cache: dict) -> None:
