@@ -243,7 +243,8 @@ def test_the_command_line_wins_and_the_log_says_so(tmp_path, monkeypatch, caplog
     monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
     vocabularies = []  # what the epoch is measured with: the command line's, else the rule's vocabulary
     monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: vocabularies.append(
-        cfg.tokenizer.vocab_size) or {2_500: Epoch(200, 460_000), 4_096: Epoch(120, 475_000)})  # fmt: skip
+        cfg.tokenizer.vocab_size)
+        or ({2_500: Epoch(200, 460_000), 4_096: Epoch(120, 475_000)}, MULTI30K.pairs))  # fmt: skip
     cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
     cfg.train.max_time, cfg.auto.probe, cfg.model.dropout, cfg.tokenizer.vocab_size = 150, False, 0.25, 500
     with caplog.at_level(logging.INFO):
@@ -298,7 +299,8 @@ def test_the_epoch_is_measured_again_when_it_makes_the_budget_long_and_the_vocab
     monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
     vocabularies = []
     monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: vocabularies.append(
-        cfg.tokenizer.vocab_size) or {2_500: Epoch(200, 460_000), 4_096: Epoch(120, 340_000)})  # fmt: skip
+        cfg.tokenizer.vocab_size)
+        or ({2_500: Epoch(200, 460_000), 4_096: Epoch(120, 340_000)}, MULTI30K.pairs))  # fmt: skip
     monkeypatch.setattr(auto_setup.probe, "throughput", lambda points, *args: {p: SPEED[p[0]] for p in points})
     cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
     cfg.train.max_time = 42
@@ -309,15 +311,72 @@ def test_the_epoch_is_measured_again_when_it_makes_the_budget_long_and_the_vocab
 
 def test_a_resumed_run_keeps_the_recipe_it_started_with(tmp_path, monkeypatch):
     monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
-    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: {})  # estimated from words
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: ({}, MULTI30K.pairs))  # from words
     first = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
     first.train.max_time, first.auto.probe = 150, False
     auto_setup.configure(first, tmp_path, [])
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")  # the run saved a checkpoint: the same command resumes it
     monkeypatch.setattr(probe, "TABLE", {name: 10.0 for name in probe.TABLE})  # a much slower machine now
     again = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
     again.train.max_time, again.auto.probe = 150, False
     auto_setup.configure(again, tmp_path, [])
     assert again == first and again.model.norm == "post"
+
+
+def test_a_stale_or_broken_auto_json_is_not_another_runs_recipe(tmp_path, monkeypatch):
+    """Reused only by the run that wrote it, resuming: not by a start after one killed before its first checkpoint,
+    another budget or corpus in the same run dir, train.resume=never, nor read when cut short; written whole."""
+    monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: ({}, MULTI30K.pairs))
+
+    def planned(minutes: float, resume: str = "auto", name: str = "toy") -> int:
+        cfg = Config(data=DataConfig(name=name, dir=name), run_dir=str(tmp_path))
+        cfg.train.max_time, cfg.auto.probe, cfg.train.resume = minutes, False, resume
+        auto_setup.configure(cfg, tmp_path, [])
+        record = json.loads((tmp_path / "auto.json").read_text())
+        return next(c["value"]["updates"] for c in record["choices"] if c["key"] == "plan")
+
+    short = planned(5)
+    assert planned(150) > 5 * short  # killed before a checkpoint: the next run (another budget) plans its own
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"")
+    assert planned(150) == planned(150)  # resuming: the same record
+    assert planned(5) == short  # another budget in this dir: chosen afresh
+    assert planned(5, name="other") == short and json.loads((tmp_path / "auto.json").read_text())["key"][
+        "corpus"][1] == "other"  # fmt: skip
+    (tmp_path / "auto.json").write_text('{"choices": [')  # cut short
+    assert planned(5) == short
+    assert not list(tmp_path.glob("auto.json.*"))  # no temporary file left beside it
+    planned(150)
+    assert planned(5, resume="never") == short
+    from mt.train.finish import auto_recipe
+
+    assert auto_recipe(tmp_path)["recipe"].startswith("+experiment=auto (auto.json): ")
+    for broken in ('{"choices": [', "[]", '{"choices": 3}'):  # the test reports still come
+        (tmp_path / "auto.json").write_text(broken)
+        assert auto_recipe(tmp_path) == {}
+
+
+def test_the_corpus_is_counted_after_the_length_filters(tmp_path, monkeypatch):
+    """1,200 pairs of which the length filters keep 357: refused as too few, not trained on ~330 pairs with the
+    1,100-pair recipe."""
+    monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: CorpusStats(1_200, 14_000, 15_000))
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: ({}, 357))
+    cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
+    cfg.train.max_time, cfg.auto.probe = 30, False
+    with pytest.raises(ConfigError, match="357 training pairs, fewer than 1,000"):
+        auto_setup.configure(cfg, tmp_path, [])
+
+
+def test_a_budget_of_updates_runs_no_probe(tmp_path, monkeypatch):
+    monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: MULTI30K)
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: ({}, MULTI30K.pairs))
+    monkeypatch.setattr(probe, "measure_points", lambda *a: pytest.fail("probed for a budget of updates"))
+    monkeypatch.setattr(probe, "measure_factor", lambda *a: pytest.fail("probed for a budget of updates"))
+    monkeypatch.setenv("MT_CACHE", str(tmp_path / "cache"))
+    cfg = Config(data=DataConfig(name="toy"), run_dir=str(tmp_path))
+    cfg.train.max_updates = 2_000
+    auto_setup.configure(cfg, tmp_path, [])
+    assert cfg.train.max_updates == 2_000 and json.loads((tmp_path / "auto.json").read_text())["probed"] is False
 
 
 def test_the_probe_measures_each_point_once_per_machine(tmp_path, monkeypatch):
@@ -500,6 +559,16 @@ def test_a_run_near_its_plan_rescales_the_figures_it_planned_with(tmp_path, monk
     for made in (650, 1_400):  # the command line set the batch size: the plan is another run's, nothing moves
         assert auto_setup.check_plan(tmp_path, made, probed=True) is None
     assert json.loads(probe.cache_path().read_text()) == rescaled
+    # Keys the rule does not choose that move the speed or the validations' cost: R-Drop, compilation, EMA's raw
+    # validation, the validations' search (decode.*), val BLEU itself; nothing rescaled, nothing dropped
+    for given in (["train.rdrop_alpha"], ["train.compile"], ["train.ema_decay", "train.ema_validate_raw"],
+                  ["decode.beam_size"], ["decode"], ["train.valid_bleu"]):  # fmt: skip
+        (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan, *chosen], "device": "cpu", "speed": speed,
+                                                        "batch_factor": 0.9, "applied": ["model.dropout",
+                                                        "train.max_tokens"], "command_line": given}))  # fmt: skip
+        for made in (650, 900, 1_400):
+            assert auto_setup.check_plan(tmp_path, made, probed=True) is None, given
+        assert json.loads(probe.cache_path().read_text()) == rescaled, given
 
 
 def test_the_sample_stands_for_equal_shares_of_the_epochs_padded_tokens(monkeypatch):
@@ -555,7 +624,7 @@ KDE4_Z4 = Speed({("compact", 4_000, False): 6_960.0, ("compact", 4_000, True): 6
 
 def test_the_plan_runs_at_the_corpus_batches_speed(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: dataclasses.replace(KDE4, epochs={}))
-    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: KDE4.epochs)
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: (KDE4.epochs, KDE4.pairs))
     monkeypatch.setattr(auto_setup.probe, "throughput", lambda points, *args: dict(KDE4_Z4.points))
     factors = []
     monkeypatch.setattr(auto_setup.probe, "batch_factor", lambda point, shape, device, precision, shapes:

@@ -103,6 +103,11 @@ def test_an_exported_run_loads_offline_and_translates_its_test_set_as_translate_
     assert tokenizer.batch_decode(theirs, skip_special_tokens=True) == ours
     assert len(lines) >= 20 and any(len(t) >= 5 for t in theirs)
 
+    # text is text there too: "<s>", "</s>", "<pad>" typed in a line are its characters, not the special ids
+    text = "der <s> Hund </s> läuft <pad> <unk>"
+    assert tokenizer(text)["input_ids"] == translator.vocabs.src.encode(text) + [EOS]
+    assert tokenizer(text)["input_ids"].count(EOS) == 1
+
     card = (out / "README.md").read_text()
     assert "library_name: transformers" in card and "license: cc-by-4.0" in card
     assert type(model).__name__ in card and "AutoModelForSeq2SeqLM" in card

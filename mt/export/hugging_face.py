@@ -197,6 +197,7 @@ def hf_tokenizer(vocabs: Vocabs, max_positions: int):
         eos_token=SPECIALS[EOS],
         model_max_length=max_positions,
         clean_up_tokenization_spaces=False,
+        split_special_tokens=True,  # "<s>" or "</s>" typed in a text are its characters, as in translate.py
     )
 
 

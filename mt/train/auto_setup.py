@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import logging
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from mt.config import Config, ConfigError
 from mt.data import read
 from mt.data.corpus import make_sampler, prepare_data
+from mt.run_dir import resume_path
 from mt.runtime import pick_device
 from mt.train import auto_finetune, probe
 from mt.train.auto import (
@@ -48,6 +50,13 @@ RESCALE_FROM = 0.03
 PLAN_KEYS = {*(f"model.{key}" for key in SHAPES["compact"]), "model.attention_dropout", "model.activation_dropout",
              "tokenizer.vocab_size", "tokenizer.joint", "train.max_tokens", "train.accumulate", "train.valid_every",
              "train.valid_bleu_subset"}  # fmt: skip
+# Keys the rule does not choose that move the run's speed or its validations' cost all the same: R-Drop's second
+# pass, compilation, EMA's extra validation, the precision, BPE-dropout's re-segmentation, the validations' search
+# (decode.*) and whether they decode at all. A command line that sets one, or a whole group, makes the plan
+# another run's too.
+RATE_KEYS = {"train.rdrop_alpha", "train.compile", "train.ema_decay", "train.ema_validate_raw",
+             "train.precision", "train.device", "train.bpe_dropout", "train.valid_bleu", "train.tgt_word_dropout",
+             "data.batching"}  # fmt: skip
 # Batches of an epoch the probe times against its made-up ones (probe.batch_factor): each stands for an equal share
 # of the epoch's padded tokens. Three rounds of them and of the made-up batch: ~15 s on a 2-vCPU Zen 4 (KDE4).
 SAMPLE_BATCHES = 6
@@ -82,9 +91,18 @@ def corpus_stats(cfg: Config) -> CorpusStats:
     return CorpusStats(pairs - held, round(src_words * share), round(tgt_words * share))
 
 
-def measure_epochs(cfg: Config, run_dir: Path) -> dict[int, Epoch]:
+def counted(stats: CorpusStats, kept: int, epochs: dict[int, Epoch]) -> CorpusStats:
+    """`stats` with the pairs training keeps (`kept`: after the length and ratio filters, data.max_len included),
+    their words in proportion, and the measured epochs."""
+    share = kept / max(stats.pairs, 1)
+    return dataclasses.replace(stats, pairs=kept, src_words=round(stats.src_words * share),
+                               tgt_words=round(stats.tgt_words * share), epochs=epochs)  # fmt: skip
+
+
+def measure_epochs(cfg: Config, run_dir: Path) -> tuple[dict[int, Epoch], int]:
     """An epoch of the training data as `cfg` tokenizes it (BPE trained and the corpus tokenized now, in the caches
-    training then reads), cut by the batcher at each of the rule's batch sizes, with a sample of its batches."""
+    training then reads), cut by the batcher at each of the rule's batch sizes, with a sample of its batches; and
+    the training pairs it keeps (after the length and ratio filters, without the held-out ones)."""
     corpus = prepare_data(cfg, run_dir, cfg.model.max_positions)
     out = {}
     for max_tokens in BATCH_TOKENS:
@@ -94,7 +112,7 @@ def measure_epochs(cfg: Config, run_dir: Path) -> dict[int, Epoch]:
             sampler.mix = corpus.mix.epoch_rows if corpus.mix is not None else None
             epochs.append([(sampler.src_lens[b], sampler.tgt_lens[b]) for b in sampler.batches()])
         out[max_tokens] = Epoch(len(epochs[0]), sum(map(_padded, epochs[0])), sample(epochs[-1]))
-    return out
+    return out, len(corpus.train)
 
 
 def _padded(batch: tuple[Sequence[int], Sequence[int]]) -> float:
@@ -140,6 +158,50 @@ def set_key(cfg: Config, key: str, value) -> None:
     setattr(getattr(cfg, section), name, value)
 
 
+def run_key(cfg: Config) -> dict:
+    """What a recipe was chosen for: the training corpus (its files' identity), the pairs held out of it, the
+    languages and the budget. A run dir's auto.json is another run's where these differ."""
+    d = cfg.data
+    try:
+        files = read.TextPairs.of_split(d, d.train_split).fingerprint
+    except (read.DataError, OSError, ValueError):
+        files = None  # (the config's own fields below still tell corpora apart)
+    corpus = [d.format, d.dir, d.hub_name, d.hub_config, d.train_split, list(d.columns), files]
+    return {"corpus": corpus, "valid_from_train": cfg.data.valid_from_train,
+            "languages": [cfg.data.src_lang, cfg.data.tgt_lang], "max_time": cfg.train.max_time,
+            "max_updates": cfg.train.max_updates}  # fmt: skip
+
+
+def saved_record(cfg: Config, run_dir: Path) -> dict | None:
+    """The run dir's auto.json where this command resumes the run that wrote it (a checkpoint to resume, the same
+    corpus and budget), else None: a start killed before its first checkpoint, another corpus or budget in a shared
+    run dir, or train.resume=never choose afresh. An unreadable record is none, with a warning."""
+    path = run_dir / AUTO_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+        assert isinstance(record, dict) and isinstance(record["choices"], list)
+    except (OSError, ValueError, AssertionError, KeyError):
+        log.warning("auto: %s is not readable (cut short?); choosing the recipe afresh", path)
+        return None
+    if resume_path(cfg.train.resume, run_dir) is None:
+        log.info("auto: %s belongs to a run that left no checkpoint to resume; choosing afresh", path)
+        return None
+    if record.get("key") != run_key(cfg):
+        log.info("auto: %s was chosen for another corpus or budget; choosing afresh", path)
+        return None
+    return record
+
+
+def write_record(path: Path, record: dict) -> None:
+    """auto.json, whole or not at all (a killed write leaves the earlier one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(tmp, path)
+
+
 def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float | None = None) -> Config:
     """`cfg` with the rule's choices applied (in place), the block of reasons logged, `auto.json` written.
     `job_start`: when train.py started (time.time()), whose clock train.max_time counts from."""
@@ -150,8 +212,8 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
     if cfg.train.init_from:  # a fine-tuning run: its own rule (mt/train/auto_finetune.py)
         return auto_finetune.configure(cfg, run_dir, keys, groups, budget(cfg, job_start), block)
     saved = run_dir / AUTO_FILE
-    if saved.is_file():  # a resumed run: the recipe it started with
-        record = json.loads(saved.read_text())
+    record = saved_record(cfg, run_dir)
+    if record is not None:  # a resumed run: the recipe it started with
         choices = [Choice(c["key"], c["value"], c["reason"]) for c in record["choices"]]
         source = f"{saved} (chosen when this run started)"
     else:
@@ -159,7 +221,9 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
         device = pick_device(cfg.train.device)
         precision = probe_precision(cfg)
         points = {point: SHAPES[point[0]] for point in probe_points(stats.pairs)}
-        speed = probed = Speed(probe.throughput(points, device, precision, cfg.auto.probe))
+        # A budget of updates reads no speed: the probe's seconds would be spent for nothing (TABLE stands in)
+        probing = cfg.auto.probe and bool(cfg.train.max_time)
+        speed = probed = Speed(probe.throughput(points, device, precision, probing))
         factor = 1.0
         planned = budget(cfg, job_start)
         choices = choose(stats, planned, speed)
@@ -171,16 +235,18 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
                     set_key(trial, c.key, c.value)
             if trial.tokenizer.vocab_size == measured_at:
                 break
-            stats = dataclasses.replace(stats, epochs=measure_epochs(trial, run_dir))
+            epochs, kept = measure_epochs(trial, run_dir)
+            stats = counted(stats, kept, epochs)  # the pairs training will see: after the length filters
             measured_at = trial.tokenizer.vocab_size
             planned = budget(cfg, job_start)  # less what BPE and the tokenized cache took
-            if cfg.auto.probe:  # the probe's figures at the corpus's own batches
+            if probing:  # the probe's figures at the corpus's own batches
                 speed, factor = corrected(probed, choose(stats, planned, probed), stats, device, precision)
                 planned = budget(cfg, job_start)  # less the factor's seconds
             choices = choose(stats, planned, speed)
         record = {"corpus": dataclasses.asdict(stats), "budget": vars(planned),
                   "speed": [[*point, rate] for point, rate in speed.points.items()], "batch_factor": factor,
-                  "device": str(device)}  # fmt: skip
+                  "device": str(device), "probed": probing, "key": run_key(cfg),
+                  "command_line": sorted(keys | groups)}  # fmt: skip
         for epoch in record["corpus"]["epochs"].values():
             epoch.pop("shapes", None)  # the sample's lengths: the factor stands for them
         limit = f"{cfg.train.max_time:g} min" if cfg.train.max_time else f"{cfg.train.max_updates:,} updates"
@@ -197,8 +263,7 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
         (log.warning if "WARNING" in line else log.info)(line)
     record["choices"] = [vars(c) for c in choices]
     record["applied"] = [c.key for c in applied]
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(record, indent=1) + "\n")
+    write_record(saved, record)
     return cfg
 
 
@@ -241,7 +306,9 @@ def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") 
     if not plan or not plan.get("updates"):
         return None
     chosen = {c["key"] for c in record["choices"]}
-    if moved := sorted((chosen & PLAN_KEYS) - set(record.get("applied", chosen))):
+    given = set(record.get("command_line", []))
+    moves = {k for k in given if k in RATE_KEYS or k.startswith("decode.") or k in ("decode", "model", "train", "data")}
+    if moved := sorted(((chosen & PLAN_KEYS) - set(record.get("applied", chosen))) | moves):
         log.info("auto: the command line set %s: the plan's updates are not this run's, the cached speeds are left "
                  "as they are", ", ".join(moved))  # fmt: skip
         return None

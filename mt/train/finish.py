@@ -69,10 +69,11 @@ def auto_recipe(run_dir: Path) -> dict:
     """{"recipe": "+experiment=auto: key=value, ..."} for a run whose settings `+experiment=auto` chose (its
     auto.json, mt/train/auto_setup.py), else {}."""
     path = run_dir / "auto.json"
-    if not path.is_file():
+    try:  # the reports must not fail for a record cut short
+        record = json.loads(path.read_text())
+        chosen = {c["key"]: c["value"] for c in record["choices"] if c["key"] in record["applied"]}
+    except (OSError, ValueError, KeyError, TypeError):
         return {}
-    record = json.loads(path.read_text())
-    chosen = {c["key"]: c["value"] for c in record["choices"] if c["key"] in record["applied"]}
     return {"recipe": "+experiment=auto (auto.json): " + ", ".join(f"{k}={v}" for k, v in chosen.items())}
 
 
