@@ -209,6 +209,11 @@ class HubVocabs(Vocabs):
         return hub_vocabs(d["family"], d["files"], Specials(*d["specials"]))
 
 
+def vocabs_from_json(d: dict) -> Vocabs:
+    """Tokenizers as a checkpoint stores them (`to_json`): an imported checkpoint's family, or this project's."""
+    return HubVocabs.from_json(d) if "family" in d else Vocabs.from_json(d)
+
+
 def language_candidates(lang: str) -> list[str]:
     """The codes a checkpoint may spell `lang` with: as given, >>it<<, NLLB's xxx_Xxxx and ISO 639-3's xxx."""
     code = lang.strip()

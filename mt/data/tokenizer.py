@@ -271,10 +271,6 @@ class Vocabs:
 
     @classmethod
     def from_json(cls, d: dict) -> Vocabs:
-        if "family" in d:  # an imported checkpoint's tokenizers
-            from mt.data.hub_vocab import HubVocabs
-
-            return HubVocabs.from_json(d)
         src = Tokenizer.from_str(d["src"])
         tgt = src if d["tgt"] is None else Tokenizer.from_str(d["tgt"])
         return cls.of(src, tgt, d.get("pretokenize"))
@@ -413,10 +409,6 @@ def read_pretokenize(dir: Path) -> dict | None:
 def read_tokenizer_files(dir: Path) -> dict:
     """The tokenizers of an exported model dir as checkpoints store them (`Vocabs.to_json`: JSON strings, and the
     pre-tokenization recorded beside them)."""
-    if (dir / "hub_tokenizer.json").is_file():  # an imported model's (mt/data/hub_vocab.py)
-        from mt.data.hub_vocab import read_saved
-
-        return read_saved(dir)
     pretokenize = read_pretokenize(dir)
     extra = {"pretokenize": pretokenize} if pretokenize is not None else {}
     if (dir / "tokenizer.json").is_file():

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from mt.config import ConfigError, DecodeConfig, ModelConfig
+from mt.data.hub_vocab import vocabs_from_json
 from mt.data.tokenizer import Framing, Vocabs
 from mt.decode.search import Hypothesis, output_cap
 from mt.model import saved
@@ -51,7 +52,7 @@ class CTranslate2Model:
             device_index=device.index or 0,  # cuda:1 decodes on the second GPU
             intra_threads=threads or torch.get_num_threads(),
         )
-        self.vocabs: Vocabs = Vocabs.from_json(saved.tokenizer_files(path, self.run_config))
+        self.vocabs: Vocabs = vocabs_from_json(saved.tokenizer_files(path, self.run_config))
 
     def framed(self, src_ids: list[list[int]], prefixes, framing: Framing | None):
         """Source tokens and target prefixes as CTranslate2 reads them: an imported model's (converted by

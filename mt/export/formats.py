@@ -110,6 +110,7 @@ def ctranslate2_spec(model: Transformer, vocabs: Vocabs):
 
 
 def export_ctranslate2(source: str, out_dir: Path, quantization: str | None = None) -> Path:
+    require_ctranslate2()  # before anything is read or written
     ckpt = saved.load(source)
     model, vocabs = saved.build_model(ckpt)
     with export_dir(out_dir, "ctranslate2", Path(ckpt["path"])) as staging:

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mt.data.hub_vocab import HUB_TOKENIZER_FILE, read_saved, vocabs_from_json
 from mt.data.tokenizer import PRETOKENIZE_FILE, Vocabs, read_tokenizer_files
 from mt.errors import CheckpointError
 from mt.model import hub
@@ -106,6 +107,8 @@ def tokenizer_files(dir: Path, config: dict | None) -> dict:
     """The tokenizers of an exported dir (`read_tokenizer_files`); one whose run pre-tokenized its text
     (tokenizer.pretokenize in `config`, the run's config) but whose PRETOKENIZE_FILE is missing is refused: without
     it the text would get other ids than the model learnt."""
+    if (dir / HUB_TOKENIZER_FILE).is_file():  # an imported model's (mt/data/hub_vocab.py)
+        return read_saved(dir)
     files = read_tokenizer_files(dir)
     tokenizer = (config or {}).get("tokenizer") or {}
     wanted = ([f"tokenizer.pretokenize={tokenizer['pretokenize']}"] if tokenizer.get("pretokenize", "none") != "none"
@@ -144,7 +147,7 @@ def build_model(ckpt: dict) -> tuple[Transformer, Vocabs]:
         load_model(model, str(ckpt["model"]))
     else:
         model.load_state_dict(ckpt["model"])
-    vocabs = Vocabs.from_json(ckpt["tokenizer"])
+    vocabs = vocabs_from_json(ckpt["tokenizer"])
     sizes = (len(vocabs.src), len(vocabs.tgt)), (model.src_vocab, model.tgt_vocab)
     # An imported model may have rows no token uses (NLLB-200: 256,206 rows, 256,204 tokens); ours never do.
     imported = vocabs.family != "bpe"

@@ -376,6 +376,6 @@ def grid(
 
 
 if __name__ == "__main__":  # python -m mt.train.auto: the grid at the probe's table speed (a 2-vCPU EPYC)
-    from mt.train.probe import TABLE
+    from mt.train.speeds import TABLE
 
     print(grid([2_000, 5_000, 10_000, 29_000, 100_000, 500_000, 2_000_000], [5, 10, 30, 60, 240], Speed(TABLE)))

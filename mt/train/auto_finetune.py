@@ -31,6 +31,7 @@ from mt.model import saved
 from mt.runtime import pick_device
 from mt.train import probe
 from mt.train.auto import NOTE, PLAN, Budget, Choice
+from mt.train.auto_record import AUTO_FILE, block, set_key, write_record
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +136,9 @@ def parent_stats(cfg: Config) -> tuple[ModelConfig, FineTuneStats]:
     return model.cfg, FineTuneStats(len(pairs) - held, tokens, model.cfg.d_model, rate)
 
 
-def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budget: Budget, block) -> Config:
+def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budget: Budget) -> Config:
     """`cfg` with the fine-tuning rule's choices applied except the command line's, the block of reasons logged and
     auto.json written (a resumed run reads it back: the recipe it started with)."""
-    from mt.train.auto_setup import AUTO_FILE, set_key
-
     saved_record = run_dir / AUTO_FILE
     if saved_record.is_file():
         record = json.loads(saved_record.read_text())
@@ -158,8 +157,5 @@ def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budg
     for line in [f"auto: the recipe for {source}:", *block(choices, applied, cfg)]:
         (log.warning if "WARNING" in line else log.info)(line)
     record |= {"choices": [vars(c) for c in choices], "applied": [c.key for c in applied]}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = saved_record.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    tmp.replace(saved_record)  # whole or absent: a resumed run reads it back
+    write_record(saved_record, record)
     return cfg

@@ -8,7 +8,6 @@ import copy
 import dataclasses
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,6 +34,7 @@ from mt.train.auto import (
     choose,
     probe_points,
 )
+from mt.train.auto_record import AUTO_FILE, block, explicit, set_key, write_record
 from mt.train.distributed import world_and_rank
 
 log = logging.getLogger(__name__)
@@ -61,21 +61,6 @@ RATE_KEYS = {"train.rdrop_alpha", "train.compile", "train.ema_decay", "train.ema
 # of the epoch's padded tokens. Three rounds of them and of the made-up batch: ~15 s on a 2-vCPU Zen 4 (KDE4).
 SAMPLE_BATCHES = 6
 SAMPLE_SEED = 0  # the sample's batches are formed with this seed: every seed of a run reads one cached factor
-
-AUTO_FILE = "auto.json"
-GROUPS = ("data", "tokenizer", "model", "train", "decode")
-
-
-def explicit(overrides: list[str]) -> tuple[set[str], set[str]]:
-    """The dotted keys (`model.dropout=0.25`) and config groups (`model=transformer_base`) a command line sets."""
-    keys, groups = set(), set()
-    for item in overrides:
-        name = item.split("=", 1)[0].lstrip("+~")
-        if name in GROUPS:
-            groups.add(name)
-        elif "." in name:
-            keys.add(name)
-    return keys, groups
 
 
 def corpus_stats(cfg: Config) -> CorpusStats:
@@ -153,11 +138,6 @@ def budget(cfg: Config, job_start: float | None = None) -> Budget:
                   spent=spent)  # fmt: skip
 
 
-def set_key(cfg: Config, key: str, value) -> None:
-    section, name = key.split(".", 1)
-    setattr(getattr(cfg, section), name, value)
-
-
 def run_key(cfg: Config) -> dict:
     """What a recipe was chosen for: the training corpus (its files' identity), the pairs held out of it, the
     languages and the budget. A run dir's auto.json is another run's where these differ."""
@@ -194,14 +174,6 @@ def saved_record(cfg: Config, run_dir: Path) -> dict | None:
     return record
 
 
-def write_record(path: Path, record: dict) -> None:
-    """auto.json, whole or not at all (a killed write leaves the earlier one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1) + "\n")
-    os.replace(tmp, path)
-
-
 def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float | None = None) -> Config:
     """`cfg` with the rule's choices applied (in place), the block of reasons logged, `auto.json` written.
     `job_start`: when train.py started (time.time()), whose clock train.max_time counts from."""
@@ -210,7 +182,7 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
                           f"one process and pass the choices it logs (its {AUTO_FILE}) as overrides")  # fmt: skip
     keys, groups = explicit(overrides)
     if cfg.train.init_from:  # a fine-tuning run: its own rule (mt/train/auto_finetune.py)
-        return auto_finetune.configure(cfg, run_dir, keys, groups, budget(cfg, job_start), block)
+        return auto_finetune.configure(cfg, run_dir, keys, groups, budget(cfg, job_start))
     saved = run_dir / AUTO_FILE
     record = saved_record(cfg, run_dir)
     if record is not None:  # a resumed run: the recipe it started with
@@ -267,27 +239,6 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
     return cfg
 
 
-def block(choices: list[Choice], applied: list[Choice], cfg: Config) -> list[str]:
-    """The log's lines for the rule's choices: the plan and notes as they are, the keys that share a reason on one
-    line (the plan's text, which several reasons repeat, shortened to "the plan"), each key the command line set on
-    its own line with the value the rule would have set."""
-    plan = next((c.reason for c in choices if c.key == PLAN), None)
-    rows: list[tuple[list[str], str]] = []  # (keys=values, reason): a reason's list grows with each key it explains
-    by_reason: dict[str, list[str]] = {}
-    for c in choices:
-        reason = c.reason.replace(plan, "the plan") if plan and c.key not in (NOTE, PLAN) else c.reason  # a note whole
-        if c.key in (NOTE, PLAN):
-            rows.append(([], f"plan: {reason}" if c.key == PLAN else reason))
-        elif c not in applied:
-            rows.append(([f"{c.key}={_value(cfg, c.key)}"], f"command line; the rule would set {c.value}: {reason}"))
-        elif reason in by_reason:
-            by_reason[reason].append(f"{c.key}={c.value}")
-        else:
-            by_reason[reason] = [f"{c.key}={c.value}"]
-            rows.append((by_reason[reason], reason))
-    return [f"  {', '.join(keys)}  ({reason})" if keys else f"  {reason}" for keys, reason in rows]
-
-
 def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") -> str | None:
     """The plan against the run that train.max_time stopped after `made` updates. Within PLAN_TOLERANCE of it: the
     cached figures the plan read are rescaled by made / planned (probe.rescale), so that the next plan on this
@@ -342,8 +293,3 @@ def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") 
 def probe_precision(cfg: Config) -> str:
     """The precision the probe times at: the run's autocast type, else fp32."""
     return cfg.train.precision if cfg.train.precision in ("bf16", "fp16") else "fp32"
-
-
-def _value(cfg: Config, key: str):
-    section, name = key.split(".", 1)
-    return getattr(getattr(cfg, section), name)

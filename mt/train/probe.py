@@ -36,6 +36,7 @@ import torch
 from mt import runtime
 from mt.config import ModelConfig
 from mt.data.tokenizer import PAD
+from mt.train.speeds import TABLE, Point
 
 log = logging.getLogger(__name__)
 
@@ -44,22 +45,8 @@ EXTRAS_DROPOUT = 0.1  # the rule's FLoRes extras (auto.py): attention and activa
 # CPU flags that change how fast torch trains: a "model name" alone does not tell a Zen 3 (AVX2) from a Zen 4.
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 ARM_VECTOR_FLAGS = ("asimd", "asimddp", "sve", "sve2", "bf16", "i8mm")  # an Arm core's (Graviton3: SVE and BF16)
-Point = tuple[str, int, bool]  # (shape name, BPE vocabulary, FLoRes' extras)
 Shape = tuple[tuple[int, ...], tuple[int, ...]]  # a batch's source and target lengths, sentence by sentence
 FACTOR_ROUNDS = 3  # rounds of the sample's batches (and STEPS made-up updates) `batch_factor` times
-# Padded batch tokens per second of every point the rule may ask for: `measure_points` on a 2-vCPU AMD EPYC Zen 3
-# (AVX2, no AVX-512), fp32, two threads, torch 2.13.0, 2026-12-01 (`python -m mt.train.probe` prints them).
-TABLE: dict[Point, float] = {
-    ("base", 32_000, False): 205.0,
-    ("compact", 4_000, False): 4_253.7,
-    ("compact", 4_000, True): 3_652.7,
-    ("compact", 8_000, False): 3_306.5,
-    ("compact", 10_000, False): 3_126.0,
-    ("compact", 16_000, False): 2_398.1,
-    ("compact", 32_000, False): 1_537.1,
-    ("small", 16_000, False): 1_063.8,
-    ("small", 32_000, False): 791.5,
-}
 
 
 def cache_path() -> Path:
