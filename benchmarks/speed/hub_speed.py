@@ -109,7 +109,7 @@ def fine_tuning_batches(path: Path, max_tokens: int, n: int, run_dir: Path):
     return cfg, corpus, parent, batches
 
 
-def hf_trainer_rates(path: Path, batches, rounds: int, warm: int, pad: int) -> list[float]:
+def hf_trainer_rates(path: Path, batches, rounds: int, warm: int, pad: int, bf16: bool = False) -> list[float]:
     """Target tokens per second of Seq2SeqTrainer's updates over `batches` (each given whole, as one item)."""
     from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 
@@ -133,7 +133,7 @@ def hf_trainer_rates(path: Path, batches, rounds: int, warm: int, pad: int) -> l
                                         learning_rate=5e-5, lr_scheduler_type="constant", label_smoothing_factor=0.1,
                                         logging_strategy="no", save_strategy="no", report_to=[], use_cpu=True,
                                         remove_unused_columns=False, dataloader_num_workers=0,
-                                        disable_tqdm=True)  # fmt: skip
+                                        disable_tqdm=True, bf16=bf16)  # fmt: skip
 
         def collate(xs):
             return {k: v for k, v in xs[0].items() if k != "_tokens"}
@@ -182,6 +182,10 @@ def cmd_train(args) -> None:
             )
             auto, amp = ours_rates(cfg, corpus, parent, batches, 1, args.warm, "auto", Path(tmp) / f"r{r}b")
             rows.setdefault(f"this project, train.precision=auto ({amp or 'fp32'})", []).extend(auto)
+            if amp == torch.bfloat16:  # the same autocast for transformers (Trainer's bf16=True)
+                rows.setdefault("transformers Seq2SeqTrainer, bf16=True", []).extend(
+                    hf_trainer_rates(path, batches, 1, args.warm, pad, bf16=True)
+                )
         ref = statistics.median(rows["transformers Seq2SeqTrainer, fp32"])
         print("| trainer | target tokens/s, median [min..max] | x transformers |\n|---|---|---|")
         for name, rates in rows.items():
