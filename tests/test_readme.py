@@ -62,6 +62,15 @@ NOT_RUN = {
     "+experiment=auto on a corpus; docs/auto.md has this run)",
     "python train.py model=transformer_base data=wmt14_en_de tokenizer=bpe32k train.max_tokens=8000": "WMT14, hours",
     "torchrun --nproc_per_node=2 train.py +experiment=multi30k_en_de": "56 minutes (tests/test_cli.py runs torchrun)",
+    "python train.py +experiment=auto train.init_from=Helsinki-NLP/opus-mt-de-en data=local data.dir=my_corpus "
+    "data.src_lang=de data.tgt_lang=en data.valid_from_train=500 train.max_time=30 run_dir=runs/opus_my_corpus": (
+        "downloads OPUS-MT from the Hub (tests/test_hub_import.py fine-tunes and exports an OPUS-MT-shaped "
+        "checkpoint built offline)"
+    ),
+    "python translate.py checkpoint=runs/opus_my_corpus < new.de > new.en": "needs the run above (tests/test_hub_import"
+    ".py translates the same way)",
+    "python -m mt.export transformers runs/opus_my_corpus opus-mt-de-en-mine/": "needs the run above "
+    "(tests/test_hub_import.py exports the same way)",
     "python serve.py checkpoint=RUN_DIR port=8080": "serves until stopped (tests/test_serve_team.py starts serve.py)",
     "python serve.py checkpoint=RUN_DIR host=0.0.0.0 api_keys=keys.txt requests_per_minute=60 "
     "tokens_per_minute=20000": "serves until stopped, on every interface",
