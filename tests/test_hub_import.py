@@ -125,11 +125,13 @@ def test_logits_match_transformers_on_a_padded_batch(hub_dir, name):
 
 
 def read_test(name: str, n: int) -> tuple[list[str], list[str]]:
+    """The first `n` test pairs in the model's direction, from a test set of at least 1,000 lines: IWSLT TED's
+    (German -> English, 1,305 lines), Multi30k's (English -> French, 1,000)."""
     src, tgt = MODELS[name]
-    corpus = "opus_emea_en_fr" if name == "marian_multi" else "opus_emea_de_en"
+    corpus, split = ("multi30k", "test_2016_flickr") if name == "marian_multi" else ("iwslt_ted_de_en", "test")
     out = []
     for lang in (src, tgt):
-        with gzip.open(DATA / corpus / f"test.{lang}.gz", "rt", encoding="utf-8") as f:
+        with gzip.open(DATA / corpus / f"{split}.{lang}.gz", "rt", encoding="utf-8") as f:
             out.append([line.rstrip("\n") for _, line in zip(range(n), f)])
     return out[0], out[1]
 
@@ -184,6 +186,7 @@ def test_greedy_and_beam_outputs_are_generates(hub_dir, name):
     )
     hf, tok = hf_model(path), hf_tokenizer(path, src, tgt)
     lines = read_test(name, 1000)[0]
+    assert len(lines) == 1000
     for beams in (1, 4):
         _, hyps = translator.hypotheses(lines, translator.settings(beam_size=beams))
         ours = [h[0].tokens for h in hyps]
