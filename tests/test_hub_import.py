@@ -298,3 +298,19 @@ def test_a_fine_tuned_opus_mt_model_resumes_exactly_and_exports_back_to_transfor
     run = Translator.load(tmp_path / "straight")
     for beams in (1, 4):
         assert run.translate(lines, beam_size=beams) == hf_texts(out, "marian_shared", lines, beams)
+
+
+@pytest.mark.parametrize("name", ["marian_shared", "nllb"])
+def test_an_imported_model_exports_to_ctranslate2_and_as_a_release_that_translate_alike(hub_dir, tmp_path, name):
+    """CTranslate2 (its own converter, from the transformers export) and a release (safetensors, the tokenizer
+    files as transformers reads them): both translate as the imported model does, greedy."""
+    pytest.importorskip("ctranslate2")
+    from mt.export.formats import export_ctranslate2, export_release
+
+    path = model_dir(hub_dir, name)
+    src, tgt = MODELS[name]
+    lines = read_test(name, 40)[0]
+    ours = Translator.load(path, src_lang=src, tgt_lang=tgt).translate(lines, beam_size=1)
+    for export in (export_ctranslate2, export_release):
+        out = export(str(path), tmp_path / export.__name__)
+        assert Translator.load(out, src_lang=src, tgt_lang=tgt).translate(lines, beam_size=1) == ours, export
