@@ -227,6 +227,26 @@ def test_averaging_gives_its_reason_by_schedule_not_a_wrong_epoch_count():
     big = CorpusStats(1_000_000, 18_000_000, 18_000_000)  # fairseq's recipe for under two epochs
     one = {c.key: c for c in choose(big, Budget(updates=3_000), SPEED)}
     assert one["train.average_last"].value == 0 and one["train.average_last"].reason == "too few epochs to average"
+    # 1,500 pairs over two hours: hundreds of epochs of a few updates each; their last 10 are not averaged, and
+    # no epoch cap ends the run before the budget does
+    tiny = {c.key: c for c in choose(CorpusStats(1_500, 18_000, 19_000), Budget(minutes=120), SPEED)}
+    assert tiny["model.norm"].value == "post" and tiny["train.average_last"].value == 0
+    assert "the last weights' neighbourhood" in tiny["train.average_last"].reason
+    assert tiny["train.max_epochs"].value > plan(CorpusStats(1_500, 18_000, 19_000), Budget(minutes=120), SPEED)[
+        "epochs"] * 100  # fmt: skip
+
+
+def test_a_wider_shape_on_the_long_schedule_takes_the_papers_rate_and_clips():
+    """5e-3 without clipping is measured at d 128 only; at d 512 it is ~7x the paper's peak."""
+    for pairs, minutes, d in ((1_000_000, 2_880, 512), (300_000, 1_440, 256)):
+        got = {c.key: c for c in choose(CorpusStats(pairs, pairs * 18, pairs * 18), Budget(minutes=minutes), SPEED)}
+        assert got["model.d_model"].value == d and got["model.norm"].value == "post"
+        warmup = got["train.warmup"].value
+        assert got["train.lr"].value == pytest.approx(d**-0.5 * warmup**-0.5, rel=0.01)
+        assert got["train.lr"].value < 1.1e-3
+        assert got["train.clip_norm"].value == 1.0 and "the paper's peak" in got["train.lr"].reason
+    compact = settings(MULTI30K, Budget(minutes=56), SPEED)
+    assert compact["train.lr"] == 5e-3 and compact["train.clip_norm"] == 0.0
 
 
 def test_the_rule_warns_of_a_budget_under_one_epoch_and_refuses_what_it_cannot_train():

@@ -68,6 +68,14 @@ BATCH_TOKENS = (SHORT_TOKENS, LONG_TOKENS)  # the batch sizes the rule picks fro
 # Measured on the compact shape only: the wider ones keep a quarter of the updates (at most 4,000, the paper's).
 LONG_WARMUP = 600
 LONG_VOCABULARY = {8_000: 10_000}
+# The long schedule's peak rate, 5e-3, is fairseq's for its IWSLT shape at d 128 and measured here on the compact
+# shape only (no clipping, post-norm). A wider shape takes the paper's peak instead (5.3: d^-0.5 x warmup^-0.5 at
+# its warmup: 1.0e-3 at d 256 and 7.0e-4 at d 512 with 4,000 steps; fairseq's base recipe uses 5e-4 to 1e-3), and
+# clips gradients at 1.0: post-norm at a high rate and no clipping diverges more readily as width grows.
+# Averaging the last epochs (fairseq: the last 10 of ~60, a sixth of the run) only where they are a real share of
+# the run: a corpus of a few thousand pairs over a long budget has epochs of a few updates, whose last 10 are the
+# last weights' neighbourhood.
+MIN_AVERAGED_SHARE = 0.05
 # A corpus of the 4k tier from GROWN_VOCABULARY_PAIRS pairs whose budget holds GROWN_VOCABULARY_UPDATES updates of
 # 8,192 tokens or more (~10M tokens) takes a 10k BPE too, although its output layer costs ~30% of the updates.
 # Measured with case markup at a CPU budget's update count (GPU replay, two seeds each, val BLEU lc, docs/auto.md):
@@ -297,18 +305,24 @@ def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, floa
     if long_run:  # fairseq's recipe, the measured winner at ~3,850 updates
         why = f"{updates:,} updates >= {LONG_RUN_UPDATES:,}: fairseq's recipe (the winner at 56 min on Multi30k)"
         warmup = (LONG_WARMUP, "fairseq's count in its hour (run.sh)")
-        if shape != "compact":  # LONG_WARMUP is measured on the compact shape only
-            warmup = (max(100, min(4_000, updates // 4)), f"a quarter of the {updates:,} updates, at most 4,000")
+        lr, clip = (5e-3, why), (0.0, why)
+        if shape != "compact":  # LONG_WARMUP and 5e-3 are measured on the compact shape only
+            steps = max(100, min(4_000, updates // 4))
+            warmup = (steps, f"a quarter of the {updates:,} updates, at most 4,000")
+            d = SHAPES[shape]["d_model"]
+            lr = (float(f"{d**-0.5 * steps**-0.5:.2g}"), f"shape '{shape}': the paper's peak d^-0.5 x warmup^-0.5 "
+                  f"(5.3) at d {d}, warmup {steps:,}, not the compact shape's 5e-3")  # fmt: skip
+            clip = (1.0, f"shape '{shape}': post-norm at its peak rate, clipped (wider shapes diverge more readily)")
         out += [
             Choice("model.norm", "post", why),
             Choice("model.init", "fairseq", why),
             Choice("train.schedule", "inverse_sqrt", why),
-            Choice("train.lr", 5e-3, why),
+            Choice("train.lr", *lr),
             Choice("train.warmup", *warmup),
             Choice("train.warmup_init_lr", 0.0, why),
             Choice("train.cooldown", 0.0, why),
             Choice("train.adam_eps", 1e-8, why),
-            Choice("train.clip_norm", 0.0, why),
+            Choice("train.clip_norm", *clip),
         ]
     else:  # the quickstart's, the measured winner at ~950 updates
         why = (f"{long_updates:,} updates of {LONG_TOKENS * LONG_ACCUMULATE:,} tokens < {LONG_RUN_UPDATES:,}: the "
@@ -345,10 +359,16 @@ def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, floa
     average = min(10, int(epochs // 2)) if long_run else 0
     if long_run:
         why = "the last epochs averaged (fairseq's recipe: 10)" if average else "too few epochs to average"
+        if average and average / epochs < MIN_AVERAGED_SHARE:
+            why = (f"~{epochs:.0f} epochs: the last {average} would be {100 * average / epochs:.1f}% of the run (under "
+                   f"{100 * MIN_AVERAGED_SHARE:.0f}%), the last weights' neighbourhood: not averaged")  # fmt: skip
+            average = 0
     else:
         why = "the short schedule cools the lr to 0: averaging its last epochs measured level (+0.10, p 0.186)"
     out.append(Choice("train.average_last", average, why))
     out.append(Choice("train.keep_last", max(average, 2), "the epoch checkpoints averaging reads"))
+    out.append(Choice("train.max_epochs", 1_000_000, "the budget ends the run, whatever its epochs (the plan counts "
+                                                     "on its time-based cooldown and its end)"))  # fmt: skip
     return out
 
 
