@@ -463,7 +463,7 @@ def test_ctranslate2_decodes_on_the_cuda_device_it_is_given(monkeypatch, tmp_pat
     seen = {}
     monkeypatch.setattr(ctranslate2, "Translator", lambda path, **kw: seen.update(kw))
     monkeypatch.setattr(mt.decode.ct2.saved, "tokenizer_files", lambda path, config: None)
-    monkeypatch.setattr(mt.decode.ct2.Vocabs, "from_json", lambda d: None)
+    monkeypatch.setattr(mt.decode.ct2, "vocabs_from_json", lambda d: None)
     (tmp_path / "mt.json").write_text('{"model_args": {"model": {}}, "config": {}, "quantization": null}')
     mt.decode.ct2.CTranslate2Model(tmp_path, torch.device("cuda", 1), threads=1)
     assert seen["device"] == "cuda" and seen["device_index"] == 1
