@@ -200,7 +200,9 @@ class TrainConfig:
     init_from: str | None = None
     init_optimizer: bool = False  # with init_from: carry the parent's Adam moments over (of a run dir: its last)
     freeze: list[str] = field(default_factory=list)  # parts that do not train: embeddings, encoder, decoder
-    test_parent: bool = True  # with init_from: also score the parent's own test splits at the end (forgetting)
+    # With init_from, at the end: the parent on this run's test splits (`{split}.before`: the gain) and this run on
+    # the parent's own test splits (`parent.{split}`: what it kept).
+    test_parent: bool = True
     max_nan_updates: int = 5
     # torchrun: minutes the other ranks wait while rank 0 alone prepares the corpus or validates (NCCL's own
     # timeout, 10 minutes, would end a first WMT run during its BPE and tokenization).
