@@ -246,6 +246,10 @@ class DecodeConfig:
     # length limit, banned tokens) rather than the model's (transformers' renormalize_logits, set by OPUS-MT's
     # generation config): a forced token then scores 0.
     renormalize: bool = False
+    # A token the search forces (a prefix's, a target-language token, </s> at the length limit) adds its
+    # log-probability to the hypothesis's score (true), or 0 (false: transformers' forced BOS and EOS, which an
+    # imported checkpoint's generation config implies).
+    score_forced: bool = True
 
 
 @dataclass

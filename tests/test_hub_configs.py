@@ -36,7 +36,7 @@ def test_the_opus_mt_config_is_marian_as_published():
     assert (cfg.pad_id, cfg.decoder_start_id, cfg.eos_id, cfg.max_positions) == (58_100, 58_100, 0, 512)
     decode = decode_settings(fixture("opus-mt-de-en", "generation_config"), Specials.of(cfg), "opus-mt-de-en")
     assert decode == {"beam_size": 4, "length_penalty": 1.0, "length_penalty_type": "average",
-                      "early_stopping": False, "renormalize": True, "max_len": 511}  # fmt: skip
+                      "early_stopping": False, "renormalize": True, "score_forced": False, "max_len": 511}  # fmt: skip
 
 
 def test_the_nllb_config_is_m2m100_as_published():

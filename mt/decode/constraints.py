@@ -211,7 +211,7 @@ def constrained_beam_search(
         forced = state.prefix.repeat_interleave(K, 0) if state.prefix is not None else None
         at_limit = min(state.limits) <= step + 1
         logits = _constrain(logits, step, state.max_len.repeat_interleave(K), cfg, at_limit, forced, state.sp)
-        log_norm = renormalized(logits, log_norm, cfg)
+        log_norm = renormalized(logits, log_norm, cfg, at_limit or (forced is not None and step < forced.size(1)))
         unmet = [not live_lines[r // K].may_end(s) for r, s in enumerate(states)]
         logits[torch.tensor(unmet, device=device), state.sp.eos] = -math.inf  # no ending before all are met
         C = min(2 * K, logits.size(-1))

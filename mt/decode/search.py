@@ -65,11 +65,18 @@ def _next_logits(model, tokens: Tensor, memory: Tensor, src_pad_mask: Tensor, ca
     return logits, torch.logsumexp(logits, dim=-1, keepdim=True)
 
 
-def renormalized(logits: Tensor, log_norm: Tensor, cfg: DecodeConfig) -> Tensor:
+def renormalized(logits: Tensor, log_norm: Tensor, cfg: DecodeConfig, forcing: bool = False) -> Tensor:
     """The log-normaliser scores are taken against: the model's (`_next_logits`), or with `decode.renormalize`
     the restricted logits' own (transformers' renormalize_logits: a forced token scores 0, a banned one's
-    probability goes to the others)."""
-    return torch.logsumexp(logits, dim=-1, keepdim=True) if cfg.renormalize else log_norm
+    probability goes to the others). With `decode.score_forced=false`, a row forced to one token (a prefix's,
+    </s> at the length limit; `forcing`: whether this step forces any) scores 0 for it, as transformers' forced
+    BOS and EOS do."""
+    if cfg.renormalize:
+        return torch.logsumexp(logits, dim=-1, keepdim=True)
+    if forcing and not cfg.score_forced:
+        one = torch.isfinite(logits).sum(dim=-1, keepdim=True) == 1
+        return torch.where(one, torch.logsumexp(logits, dim=-1, keepdim=True), log_norm)
+    return log_norm
 
 
 def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
@@ -194,7 +201,8 @@ def _one_token_per_row(model, src, src_pad_mask, cfg: DecodeConfig, choose, pref
     for step in range(longest):
         logits, log_norm = _next_logits(model, tokens, memory, src_pad_mask, cache)
         logits = _constrain(logits, step, max_len, cfg, shortest <= step + 1, prefix, sp)
-        log_norm = renormalized(logits, log_norm, cfg)
+        forcing = shortest <= step + 1 or (prefix is not None and step < prefix.size(1))
+        log_norm = renormalized(logits, log_norm, cfg, forcing)
         next_tok = choose(logits, step)
         best = logits.gather(1, next_tok[:, None]).squeeze(1) - log_norm.squeeze(1)
         next_tok = next_tok.masked_fill(finished, sp.pad)
@@ -344,7 +352,8 @@ def beam_search(
         limit_reached = min(state.limits) <= step + 1
         forced = state.prefix.repeat_interleave(K, 0) if state.prefix is not None else None
         logits = _constrain(logits, step, state.max_len.repeat_interleave(K), cfg, limit_reached, forced, state.sp)
-        log_norm = renormalized(logits, log_norm, cfg)
+        forcing = limit_reached or (forced is not None and step < forced.size(1))
+        log_norm = renormalized(logits, log_norm, cfg, forcing)
         scores, beams, tokens = expand(state, logits, log_norm)
         kept_beams, kept_tokens = prune(state, scores, beams, tokens)
         # The step's one read: the top K candidates (for those ending in </s>), the kept beams, their scores.

@@ -130,7 +130,7 @@ def decode_settings(generation: dict, specials: Specials, where: str) -> dict:
     out = {"beam_size": int(generation.get("num_beams", 1)),
            "length_penalty": float(generation.get("length_penalty", 1.0)), "length_penalty_type": "average",
            "early_stopping": generation.get("early_stopping", False) is True,
-           "renormalize": bool(generation.get("renormalize_logits", False))}  # fmt: skip
+           "renormalize": bool(generation.get("renormalize_logits", False)), "score_forced": False}  # fmt: skip
     if generation.get("max_length"):
         out["max_len"] = int(generation["max_length"]) - 1  # theirs counts the decoder's first token
     if generation.get("min_length"):
