@@ -3,7 +3,7 @@
 import pytest
 
 from mt.train.auto import PLAN, Budget
-from mt.train.auto_finetune import BATCH_RANGE, MIN_UPDATES, FineTuneStats, choose
+from mt.train.auto_finetune import BATCH_RANGE, MIN_UPDATES, FineTuneStats, choose, validation_seconds
 
 
 def chosen(**stats) -> dict:
@@ -13,11 +13,23 @@ def chosen(**stats) -> dict:
 
 
 def test_an_opus_mt_shaped_parent_in_30_minutes():
+    stats = FineTuneStats(4_500, 30.0, 512, 2_000.0)
     c = chosen()
     assert c["train.lr"] == 5e-5 and c["train.schedule"] == "linear" and c["train.label_smoothing"] == 0.1
-    assert c["train.max_tokens"] == 4_096 and c[PLAN]["updates"] == 2_000 * 30 * 60 // 4_096
+    n_valid = c[PLAN]["updates"] // c["train.valid_every"]
+    assert 2 <= n_valid <= 8 and n_valid * validation_seconds(stats) <= 0.15 * 30 * 60  # validations costed
+    training = 30 * 60 - n_valid * validation_seconds(stats)
+    assert c["train.max_tokens"] == 4_096 and c[PLAN]["updates"] == int(2_000 * training / 4_096)
     assert c["train.warmup"] == int(0.06 * c[PLAN]["updates"]) and c["train.patience"] == 3
-    assert c["train.valid_every"] == c[PLAN]["updates"] // 8
+    assert c["train.precision"] == "auto" and c["train.max_epochs"] >= 1_000_000
+
+
+def test_a_slow_machine_validates_less_often_and_keeps_its_updates():
+    """A validation costs about as much as a third of a training pass over its tokens, times the beam: on a slow
+    machine a 300-sentence beam search is minutes; the plan validates fewer times rather than spend the budget."""
+    fast, slow = chosen(tokens_per_second=5_000.0), chosen(tokens_per_second=150.0)
+    assert fast[PLAN]["updates"] // fast["train.valid_every"] >= slow[PLAN]["updates"] // slow["train.valid_every"]
+    assert slow[PLAN]["updates"] // slow["train.valid_every"] >= 2
 
 
 @pytest.mark.parametrize("rate", [50.0, 300.0, 2_000.0, 50_000.0])

@@ -25,10 +25,12 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from mt.config import Config, ModelConfig
 from mt.data import read
 from mt.model import saved
-from mt.runtime import pick_device
+from mt.runtime import pick_autocast, pick_device
 from mt.train import probe
 from mt.train.auto import NOTE, PLAN, Budget, Choice
 from mt.train.auto_record import AUTO_FILE, block, set_key, write_record
@@ -39,7 +41,13 @@ MIN_UPDATES = 300  # the budget's tokens are cut into batches so that it holds t
 BATCH_RANGE = (1_024, 4_096)  # train.max_tokens: padded tokens an update
 BASE_LR, BASE_WIDTH, MAX_LR = 5e-5, 512, 1e-3
 WARMUP_SHARE, WARMUP_RANGE = 0.06, (10, 1_000)
-VALIDATIONS, PATIENCE, BLEU_SUBSET = 8, 3, 300
+PATIENCE, BLEU_SUBSET = 3, 200
+# Validations share at most this much of the budget (their loss over the held-out pairs, their BLEU's beam search
+# over BLEU_SUBSET sentences), between MIN_VALIDATIONS and MAX_VALIDATIONS of them. A validation's cost, from the
+# training speed: a forward pass is about a third of a training update's work per token (no backward, no Adam),
+# and the search computes beam_size rows per output token.
+VALIDATION_SHARE, MIN_VALIDATIONS, MAX_VALIDATIONS = 0.15, 2, 8
+FORWARD_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -51,22 +59,36 @@ class FineTuneStats:
     tokens_per_pair: float
     d_model: int
     tokens_per_second: float
+    valid_pairs: int = 500  # the held-out pairs a validation's loss reads
+    beam: int = 4  # the parent's beam (its generation config): the validations' search
+    precision: str = "fp32"  # what the probe timed (train.precision=auto's choice on this machine)
+
+
+def validation_seconds(stats: FineTuneStats) -> float:
+    """What one validation costs at this speed: the loss's forward passes and the BLEU subset's search."""
+    forward = stats.tokens_per_second / FORWARD_SHARE  # tokens a second of forward passes alone
+    loss = stats.valid_pairs * 2 * stats.tokens_per_pair / forward
+    search = BLEU_SUBSET * (stats.tokens_per_pair * (1 + stats.beam)) / forward
+    return loss + search
 
 
 def choose(stats: FineTuneStats, budget: Budget) -> list[Choice]:
     """The fine-tuning recipe for `stats` in `budget` (see the module's table)."""
     seconds = budget.minutes * 60 - budget.spent if budget.minutes else 0.0
+    per_validation = validation_seconds(stats)
     if seconds > 0:
-        tokens = stats.tokens_per_second * seconds
+        n_valid = int(min(max(VALIDATION_SHARE * seconds // per_validation, MIN_VALIDATIONS), MAX_VALIDATIONS))
+        tokens = stats.tokens_per_second * max(seconds - n_valid * per_validation, 0.0)
         batch = int(min(max(tokens / MIN_UPDATES, BATCH_RANGE[0]), BATCH_RANGE[1]) // 256 * 256)
         updates = max(1, int(tokens / batch))
-        how = f"{budget.minutes:g} min at {stats.tokens_per_second:,.0f} tokens/s"
+        how = (f"{budget.minutes:g} min at {stats.tokens_per_second:,.0f} tokens/s ({stats.precision}), less "
+               f"{n_valid} validations of ~{per_validation:.0f} s")  # fmt: skip
     else:
-        batch, updates, how = BATCH_RANGE[1], budget.updates, "train.max_updates"
+        batch, updates, how, n_valid = BATCH_RANGE[1], budget.updates, "train.max_updates", MAX_VALIDATIONS
     epochs = updates * batch / max(stats.pairs * stats.tokens_per_pair, 1)
     lr = min(BASE_LR * math.sqrt(BASE_WIDTH / stats.d_model), MAX_LR)
     warmup = int(min(max(WARMUP_SHARE * updates, WARMUP_RANGE[0]), WARMUP_RANGE[1]))
-    every = max(10, updates // VALIDATIONS)
+    every = max(10, updates // n_valid)
     plan = {"updates": updates, "epochs": round(epochs, 1)}
     out = [
         Choice(
@@ -92,14 +114,24 @@ def choose(stats: FineTuneStats, budget: Budget) -> list[Choice]:
             f"{WARMUP_SHARE:.0%} of the updates (the parent's weights are trained: a short warmup)",
         ),  # fmt: skip
         Choice("train.label_smoothing", 0.1, "OPUS-MT's and NLLB's training value"),
-        Choice("train.valid_every", every, f"~{VALIDATIONS} validations in the budget"),
+        Choice(
+            "train.valid_every",
+            every,
+            f"{n_valid} validations, ~{per_validation:.0f} s each: at most {VALIDATION_SHARE:.0%} of the budget",
+        ),  # fmt: skip
         Choice("train.patience", PATIENCE, f"early stopping: {PATIENCE} validations without a better val BLEU"),
         Choice(
             "train.valid_bleu_subset",
             BLEU_SUBSET,
             f"val BLEU on {BLEU_SUBSET} sentences: a validation stays a small share of the budget",
         ),  # fmt: skip
-        Choice("train.max_epochs", 1_000, "the budget, not an epoch count, ends the run"),
+        Choice("train.max_epochs", 1_000_000, "the budget, not an epoch count, ends the run"),
+        Choice(
+            "train.precision",
+            "auto",
+            f"bf16 where this machine computes it natively, else fp32 (here: "
+            f"{stats.precision}; 1.9x the speed of fp32 on a Zen 4, benchmarks/RESULTS.md)",
+        ),  # fmt: skip
         Choice("train.average_last", 0, "one short schedule decayed to 0: its last weights, no average"),
     ]
     if epochs > 50:
@@ -127,16 +159,21 @@ def parent_stats(cfg: Config) -> tuple[ModelConfig, FineTuneStats]:
         model.tgt_vocab,
         False,
     )
+    device = pick_device(cfg.train.device)
+    amp = pick_autocast("auto", device, model.cfg.d_model)  # what the run trains in (train.precision=auto)
+    precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(amp, "fp32")
     if cfg.auto.probe:
-        rate = probe.throughput({point: shape}, pick_device(cfg.train.device), "fp32")[point]
+        rate = probe.throughput({point: shape}, device, precision)[point]
     else:  # the base shape's table figure, scaled by the parameters an update trains
         base = probe.TABLE[("base", 32_000, False)]
         rate = base * 76e6 / sum(p.numel() for p in model.parameters())
     held = min(cfg.data.valid_from_train, len(pairs))
-    return model.cfg, FineTuneStats(len(pairs) - held, tokens, model.cfg.d_model, rate)
+    beam = int(((ckpt.get("config") or {}).get("decode") or {}).get("beam_size", cfg.decode.beam_size))
+    valid = held or 1_000
+    return model.cfg, FineTuneStats(len(pairs) - held, tokens, model.cfg.d_model, rate, valid, beam, precision)
 
 
-def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budget: Budget) -> Config:
+def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budget) -> Config:
     """`cfg` with the fine-tuning rule's choices applied except the command line's, the block of reasons logged and
     auto.json written (a resumed run reads it back: the recipe it started with)."""
     saved_record = run_dir / AUTO_FILE
@@ -146,8 +183,9 @@ def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budg
         source = f"{saved_record} (chosen when this run started)"
     else:
         _, stats = parent_stats(cfg)
-        choices = choose(stats, budget)
-        record = {"fine_tuning": asdict(stats), "budget": vars(budget), "parent": cfg.train.init_from}
+        planned = budget()  # less what reading the parent and the probe took
+        choices = choose(stats, planned)
+        record = {"fine_tuning": asdict(stats), "budget": vars(planned), "parent": cfg.train.init_from}
         source = f"fine-tuning {cfg.train.init_from} on {stats.pairs:,} pairs"
     applied = [
         c for c in choices if c.key not in (NOTE, PLAN) and c.key not in keys and c.key.split(".")[0] not in groups

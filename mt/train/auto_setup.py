@@ -182,7 +182,7 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
                           f"one process and pass the choices it logs (its {AUTO_FILE}) as overrides")  # fmt: skip
     keys, groups = explicit(overrides)
     if cfg.train.init_from:  # a fine-tuning run: its own rule (mt/train/auto_finetune.py)
-        return auto_finetune.configure(cfg, run_dir, keys, groups, budget(cfg, job_start))
+        return auto_finetune.configure(cfg, run_dir, keys, groups, lambda: budget(cfg, job_start))
     saved = run_dir / AUTO_FILE
     record = saved_record(cfg, run_dir)
     if record is not None:  # a resumed run: the recipe it started with
