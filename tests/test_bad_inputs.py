@@ -384,7 +384,14 @@ ANSWERED_BEFORE_THE_ERROR = {"prefix_line_count", "constraints_line_count"}
 ROWS = [
     # data
     ("data_dir_missing", "train", _args("data.dir=/nonexistent/corpus"), "/nonexistent/corpus' is not a directory"),
-    ("split_missing", "train", _missing_split, "valid.yy"),
+    ("split_missing", "train", _missing_split, "valid.yy[.gz]: no such file"),
+    ("split_missing_says_what_to_add", "train", _missing_split, "add data.valid_from_train=500"),
+    (
+        "hub_fallback_folder_missing",
+        "train",
+        _args("data=multi30k", "data.dir=/nonexistent/multi30k"),
+        "data.dir='/nonexistent/multi30k' is not a directory, and hub dataset",
+    ),  # fmt: skip
     ("file_unreadable", "train", _dangling, "train.yy"),
     ("line_counts_differ", "train", _mismatched, "train"),
     ("not_utf8", "train", _not_utf8, "train.xx:3: bytes that are not UTF-8"),
@@ -399,7 +406,12 @@ ROWS = [
     ("override_misspelt", "train", _args("train.max_epoch=3"), "train.max_epoch"),
     ("override_ill_typed", "train", _args("train.max_epochs=many"), "train.max_epochs=many"),
     ("override_unknown_key", "train", _args("+trian.lr=1"), "trian"),
-    ("group_option_unknown", "train", _args("model=transformer_huge"), "model/transformer_huge"),
+    ("group_option_unknown", "train", _args("model=transformer_huge"), "no model named 'transformer_huge'; did"),
+    ("experiment_without_plus", "train", _args("experiment=quickstart"), "add it with a +: +experiment=quickstart"),
+    ("experiment_misspelt", "train", _args("+experiment=quikstart"), "did you mean quickstart? (the experiment"),
+    ("key_misspelt_nearest", "train", _args("train.max_tme=5"), "has no key 'max_tme'; did you mean train.max_time?"),
+    ("value_not_a_number", "train", _args("train.max_time=abc"), "train.max_time=abc: 'abc' is not a number"),
+    ("translate_key_misspelt", "translate", _args(CK, "decode.beam_sise=3"), "did you mean decode.beam_size?"),
     ("choice_unknown", "train", _args("train.schedule=cosine"), "train.schedule='cosine'"),
     ("size_negative", "train", _args("train.max_tokens=-5"), "train.max_tokens=-5"),
     ("rdrop_alpha_negative", "train", _args("train.rdrop_alpha=-1"), "train.rdrop_alpha=-1.0 is below its minimum"),

@@ -139,3 +139,32 @@ def test_translate_config_checks_decode_settings():
         cfg = compose(config_name="translate", overrides=["checkpoint=x.pt", "decode=greedy", "decode.nbest=3"])
     with pytest.raises(ConfigError, match="decode.beam_size=1, decode.nbest=3"):
         to_dataclass(cfg)
+
+
+@pytest.mark.parametrize("script, first, examples", [("train.py", "train.py: train a translator", 5),
+                                                     ("translate.py", "translate.py: translate text", 5),
+                                                     ("serve.py", "serve.py: an HTTP server", 3)])  # fmt: skip
+def test_help_opens_with_a_synopsis_and_examples_and_lists_its_own_keys(script, first, examples):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True).stdout
+    head = out.split("==")[0]
+    assert out.startswith(first) and head.count(f"python {script}") + head.count("torchrun") >= examples
+    assert ("experiment:" in out) == (script == "train.py")  # translate.py and serve.py list no training groups
+
+
+def test_train_py_on_a_local_corpus_without_a_recipe_says_which_to_use(tmp_path):
+    """The library defaults are no recipe for a user's corpus (0.2-8 BLEU on a few thousand pairs): a plain
+    `train.py data=local ...` stops in one line naming +experiment=auto, before anything loads."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    args = ["data=local", f"data.dir={tmp_path}", "data.src_lang=de", "data.tgt_lang=en", "train.max_time=20"]
+    p = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "add +experiment=auto" in p.stderr
+    assert not list(tmp_path.iterdir()) and not (ROOT / "runs" / "local_de-en_transformer_small").exists()

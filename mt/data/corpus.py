@@ -118,6 +118,8 @@ def prepare_data(cfg: Config, run_dir: Path, max_positions: int, vocabs: Vocabs 
     every epoch (`Mix`). `vocabs`: tokenizers to use as they are (a fine-tuning run's parent's)."""
     dc = cfg.data
     log.info("data: %s", read.describe(dc))
+    if not dc.directions:
+        read.check_valid_split(dc)  # before the BPE is learnt
     parts = training_parts(dc)
     texts = [read.TextPairs.of_split(p, p.train_split) for p, _, _ in parts]
     tags = tuple(sorted({tag for _, tag, _ in parts if tag}))

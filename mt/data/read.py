@@ -174,10 +174,18 @@ def _load_hub(split: str, cfg: DataConfig) -> datasets.Dataset:
         raise DataError(f"data.hub_name is not set for data {cfg.name!r}; set it or use a local data.dir")
     hub_split = cfg.hub_splits.get(split, split)
     where = f"hub dataset {cfg.hub_name}" + (f" ({cfg.hub_config})" if cfg.hub_config else "") + f" split {hub_split}"
+    missing = cfg.hub_fallback and cfg.format != "hub"  # data.dir is not a directory: the Hub stands in
+    if missing:
+        log.info("data.dir=%r is not a directory: reading %s from the Hugging Face Hub", cfg.dir, where)
     try:
         ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=hub_split, cache_dir=cfg.cache_dir)
     except Exception as e:  # network, unknown name/split: all end the run the same way
-        raise DataError(f"{where}: could not load ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e).strip() else type(e).__name__
+        if missing:
+            raise DataError(f"data.dir={cfg.dir!r} is not a directory, and {where} could not be downloaded "
+                            f"instead ({why}); put the corpus's files in data.dir, or connect to the "
+                            "network") from None  # fmt: skip
+        raise DataError(f"{where}: could not load ({why})") from None
     return hub_to_pairs(ds, cfg.src_lang, cfg.tgt_lang, where)
 
 
@@ -191,6 +199,20 @@ def _local_reader(cfg: DataConfig, split: str) -> Reader:
         raise DataError(f"data.dir={cfg.dir!r} is not a directory; point data.dir at the corpus")
     reader = {"parallel": _parallel_reader, "tsv": _tsv_reader, "jsonl": _jsonl_reader}[cfg.format]
     return reader(Path(cfg.dir), split, cfg)
+
+
+def check_valid_split(cfg: DataConfig) -> None:
+    """A local corpus's validation split, looked for before anything is learnt from the training split: a missing
+    one is a one-line error that names the file and the way to do without it (`data.valid_from_train`)."""
+    if cfg.valid_from_train or uses_hub(cfg):
+        return
+    try:
+        _local_reader(cfg, cfg.valid_split)
+    except DataError as e:
+        if not (cfg.dir and Path(cfg.dir).is_dir()):
+            raise
+        raise DataError(f"{e} -- a corpus without a validation split can hold training pairs out as one: add "
+                        "data.valid_from_train=500") from None  # fmt: skip
 
 
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
