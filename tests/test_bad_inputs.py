@@ -130,10 +130,11 @@ def _dangling(c, r, t):
 
 
 def _tsv(c, r, t):
-    pairs = zip(lines_of(c / "train.xx"), lines_of(c / "train.yy"))
-    body = [f"{s}\t{x}" for s, x in pairs]
-    body[4] = body[4].split("\t")[0]  # one column only
-    write(c / "train.tsv", "\n".join(body) + "\n")
+    for split in ("train", "valid", "test"):
+        body = [f"{s}\t{x}" for s, x in zip(lines_of(c / f"{split}.xx"), lines_of(c / f"{split}.yy"))]
+        if split == "train":
+            body[4] = body[4].split("\t")[0]  # one column only
+        write(c / f"{split}.tsv", "\n".join(body) + "\n")
     return ["data.format=tsv", "data.columns=[xx,yy]"], None
 
 
