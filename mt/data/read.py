@@ -204,7 +204,10 @@ def _local_reader(cfg: DataConfig, split: str) -> Reader:
 def check_valid_split(cfg: DataConfig) -> None:
     """A local corpus's validation split, looked for before anything is learnt from the training split: a missing
     one is a one-line error that names the file and the way to do without it (`data.valid_from_train`)."""
-    if cfg.valid_from_train or uses_hub(cfg):
+    if uses_hub(cfg):
+        return
+    _local_reader(cfg, cfg.train_split)  # a missing training file (a wrong language, a wrong dir) is said first
+    if cfg.valid_from_train:
         return
     try:
         _local_reader(cfg, cfg.valid_split)
