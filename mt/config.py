@@ -108,6 +108,10 @@ class TokenizerConfig:
     # that was capitalized or in capitals preceded by a mark, and translations are cased again from the marks: the
     # vocabulary of a lowercased model with cased output. Saved with the tokenizer.
     case_markup: bool = False
+    # The share of the training text's characters the BPE's alphabet covers (SentencePiece's character_coverage);
+    # the rest read as <unk>. Unset: all of them, unless the alphabet takes over a quarter of the vocabulary (Chinese,
+    # Japanese: over 1,000 characters), then 0.9995 of them, at most half the vocabulary (mt/data/alphabet.py).
+    character_coverage: float | None = None
 
 
 @dataclass

@@ -140,6 +140,10 @@ def validate(cfg: Config) -> None:
         )
     if not 0.0 <= cfg.train.bpe_dropout < 1.0:
         raise ConfigError(f"train.bpe_dropout={cfg.train.bpe_dropout} is a probability; use a value in [0, 1)")
+    coverage = cfg.tokenizer.character_coverage
+    if coverage is not None and not 0.0 < coverage <= 1.0:
+        raise ConfigError(f"tokenizer.character_coverage={coverage} is the share of the text's characters the "
+                          "alphabet keeps; use a value in (0, 1], e.g. 0.9995 for Chinese or Japanese")  # fmt: skip
     if not 0.0 <= cfg.train.cooldown <= 1.0:
         raise ConfigError(f"train.cooldown={cfg.train.cooldown} is a fraction of the budget; use a value in [0, 1]")
     if cfg.train.cooldown and not (cfg.train.max_updates or cfg.train.max_time):

@@ -624,6 +624,8 @@ ROWS = [
     ("model_init_unknown", "train", _args("model.init=he"), "model.init='he' is not one of xavier, fairseq"),
     ("pretokenize_unknown", "train", _args("tokenizer.pretokenize=spacy"), "tokenizer.pretokenize='spacy' is not one"),
     ("case_markup_not_bool", "train", _args("tokenizer.case_markup=maybe"), "tokenizer.case_markup"),
+    ("character_coverage_zero", "train", _args("tokenizer.character_coverage=0"), "tokenizer.character_coverage=0.0"),
+    ("character_coverage_over_one", "train", _args("tokenizer.character_coverage=1.5"), "use a value in (0, 1]"),
     (
         "case_markup_with_lowercase",
         "train",

@@ -1,6 +1,10 @@
 """BPE training, special-token ids, lossless round trip on real Multi30k val, reuse of a trained tokenizer,
 lowercasing."""
 
+import logging
+import random
+import re
+from collections import Counter
 from types import SimpleNamespace
 
 import datasets
@@ -129,3 +133,31 @@ def test_special_token_text_in_input_is_plain_text(special):
         ids = encode(f"the {special} cat")
         assert ids and not set(ids) & specials, (special, vocab.tokens(ids))
     assert vocab.decode(vocab.encode(f"the {special}x cat")).count(special[1:-1]) == 1
+
+
+def _zipf_text(alphabet: list[str], n: int, length: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) for i in range(len(alphabet))]
+    return ["".join(rng.choices(alphabet, weights, k=length)) for _ in range(n)]
+
+
+def test_a_cjk_alphabet_leaves_the_vocabulary_room_for_merges(caplog):
+    """5,000 characters would fill a 4k vocabulary whole (no merges); the frequent ones are kept instead."""
+    han = _zipf_text([chr(0x4E00 + i) for i in range(5_000)], 6_000, 30)
+    english = [" ".join(random.Random(i).choices(["the", "cat", "sees", "a", "house"], k=6)) for i in range(6_000)]
+    pairs = list(zip(han, english))
+    whole = train_vocab(TokenizerConfig(vocab_size=4_000, character_coverage=1.0), pairs, (0, 1))
+    with caplog.at_level(logging.INFO):
+        cut = train_vocab(TokenizerConfig(vocab_size=4_000), pairs, (0, 1))
+    merges = [len([t for t in v.tokenizer.get_vocab() if len(t) > 1 and t[0] >= "\u4e00"]) for v in (whole, cut)]
+    assert merges[0] < 10 and merges[1] > 1_000
+    assert re.search(r"an alphabet of 4,?\d{3} characters for 4000 entries: the 2000 most frequent kept", caplog.text)
+    rarest = Counter("".join(han)).most_common()[-1][0]  # out of the cut alphabet: <unk>; in the whole: itself
+    assert UNK in cut.encode(rarest) and UNK not in whole.encode(rarest)
+
+
+def test_a_latin_alphabet_is_kept_whole_rare_letters_included():
+    text = _zipf_text(list("abcdefghijklmnopqrstuvwxyz "), 3_000, 40) + ["Smørrebrød på Ærø"]
+    vocab = train_vocab(TokenizerConfig(vocab_size=500, min_frequency=1), list(zip(text, text)), (0, 1))
+    assert all(vocab.tokenizer.token_to_id(c) is not None for c in "øÆå")
+    assert vocab.decode(vocab.encode("Ærø")) == "Ærø"

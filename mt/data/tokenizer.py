@@ -23,6 +23,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from mt.config import TokenizerConfig
 from mt.data import casing
+from mt.data.alphabet import alphabet_limit
 from mt.data.pretokenize import JOINER, Moses, moses
 from mt.errors import TokenizerError
 
@@ -374,12 +375,15 @@ def train_vocab(
 
 def train_vocab_on(cfg: TokenizerConfig, texts: Iterable[list[str]], n: int, tags: tuple[str, ...] = ()) -> Vocab:
     """BPE on `texts`, chunks of sentences (`n` sentences in all); see `train_vocab`."""
+    texts = list(texts)
     tok = new_tokenizer(cfg.normalization, pretokenized=cfg.pretokenize == "moses")
+    limit = alphabet_limit(cfg, texts)
     trainer = trainers.BpeTrainer(
         vocab_size=cfg.vocab_size,
         min_frequency=cfg.min_frequency,
         special_tokens=[*SPECIALS, *tags],
         show_progress=False,
+        **({"limit_alphabet": limit} if limit is not None else {}),
     )
     tok.train_from_iterator(texts, trainer=trainer, length=n)
     return Vocab(tok)
