@@ -46,15 +46,15 @@ def cpu_runs(tmp_path, monkeypatch):
 
 
 def test_each_trial_runs_the_count_its_cpu_budget_holds(cpu_runs):
-    plan = {t["name"].split(".")[1]: t for t in replay.plan("iwslt_30", ["auto", "first", "ff256_v8k", "fairseq"],
+    plan = {t["name"].split(".")[1]: t for t in replay.plan("iwslt_30", ["auto", "ff512", "v8k_now", "fairseq"],
                                                             cpu_runs, cpu_runs / "data", [1, 2])}  # fmt: skip
     # the rule now: the CPU run's own count (its plan, scaled by the run's updates over that plan)
     assert plan["auto"]["updates"] == 7_400
-    # the first rule: FFN 512 at 1/1.25 of the speed, so ~1/1.25 of the updates (still the short schedule; not
-    # exactly: the plan's validations cost as many tokens at any speed, so a slower model loses a few more updates)
-    assert plan["first"]["updates"] == pytest.approx(7_400 / 1.25, rel=0.02)
-    assert plan["first"]["updates"] < 7_400 / 1.25
-    assert plan["ff256_v8k"]["updates"] == pytest.approx(7_400 / 1.06, rel=0.02)  # the 8k output layer's cost
+    # FFN 512 at 1/1.25 of the speed, so ~1/1.25 of the updates (still the short schedule; not exactly: the plan's
+    # validations cost as many tokens at any speed, so a slower model loses a few more updates)
+    assert plan["ff512"]["updates"] == pytest.approx(7_400 / 1.25, rel=0.02)
+    assert plan["ff512"]["updates"] < 7_400 / 1.25
+    assert plan["v8k_now"]["updates"] == pytest.approx(7_400 / 1.06, rel=0.02)  # the 8k output layer's cost
     assert plan["fairseq"]["updates"] == 2_276  # fairseq's CPU run's own count
 
 
@@ -75,12 +75,12 @@ def test_every_trial_composes_with_one_value_a_key(cpu_runs, name):
         assert replay._value(getattr(getattr(cfg, section), field)) == value
 
 
-def test_the_first_rule_is_what_the_first_cpu_runs_chose(cpu_runs):
-    (trial,) = replay.plan("iwslt_30", ["first"], cpu_runs, cpu_runs / "data", [1])
-    got = dict(a.split("=", 1) for a in trial["args"])
-    # iwslt_30's run of the first rule (docs/auto.md): FFN 512, the short schedule, FLoRes' extras, a 4k BPE
-    assert got["model.d_ff"] == "512" and got["model.norm"] == "pre" and got["train.label_smoothing"] == "0.2"
-    assert got["tokenizer.vocab_size"] == "4000" and got["train.max_tokens"] == "2500"
+def test_a_patch_of_a_table_the_rule_lacks_is_refused_and_none_leaks(cpu_runs):
+    with pytest.raises(KeyError, match="no GROWN_VOCABULARY: the patch would change nothing"):
+        with replay.patched({"GROWN_VOCABULARY": {}}):
+            pass
+    (trial,) = replay.plan("iwslt_30", ["ff512"], cpu_runs, cpu_runs / "data", [1])
+    assert dict(a.split("=", 1) for a in trial["args"])["model.d_ff"] == "512"
     assert auto.SHAPES["compact"]["d_ff"] == 256 and auto.LONG_RUN_UPDATES == 3_000  # the patch did not leak
 
 

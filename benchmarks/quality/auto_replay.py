@@ -7,7 +7,7 @@ from the CPU run's measured corpus (its auto.json) and the CPU's speed of the tr
 the model cheaper per token (`ff256`) gets the extra updates it would get on the CPU.
 
     # here, on the CPU machine, after the CPU runs of the point (auto_trials.py run iwslt_30 auto fairseq):
-    python benchmarks/quality/auto_replay.py plan iwslt_30 auto first noextras fairseq \
+    python benchmarks/quality/auto_replay.py plan iwslt_30 auto noextras ff512 fairseq \
         --cpu-runs runs/trials --data .gpudata --out .gpudata/plan.json
     # there, on the GPU machine (after benchmarks/gpu_kit.sh prepare, data and plan carried in .gpudata):
     python benchmarks/quality/auto_replay.py run .gpudata/plan.json --device cuda --jobs 10 --out OUT
@@ -18,8 +18,8 @@ The CPU speed of a trial's shape and vocabulary is the CPU run's (its auto.json)
 speeds of the two (mt/train/probe.py), measured on this CPU, and every auto trial's count is scaled by the CPU run's
 updates over the rule's plan for it (the probe's 24-token sentences run at another rate than a corpus's); fairseq's
 trials run the CPU run's own update count (same shape, same speed). The CPU run of `auto` read is the rule as it is
-now (its auto.json records the compact shape's speed); `first` and the trials built on it are the rule before the
-trials of docs/auto.md changed it.
+now (its auto.json records the compact shape's speed); the trials of the rule's earlier forms ran at the commits
+docs/experiments/auto.md names.
 """
 
 from __future__ import annotations
@@ -46,65 +46,37 @@ from auto_trials import CORPORA, POINTS, RECIPES, run_dir  # noqa: E402
 from mt.train import auto  # noqa: E402
 
 NO_EXTRAS = {"FLORES_EPOCHS": math.inf}  # FLoRes' extras never (attention/activation dropout 0, smoothing 0.1)
-FF256 = {"SHAPES": {**auto.SHAPES, "compact": {**auto.SHAPES["compact"], "d_ff": 256}}}
+FF512 = {"SHAPES": {**auto.SHAPES, "compact": {**auto.SHAPES["compact"], "d_ff": 512}}}
 LONG = {"LONG_RUN_UPDATES": 0}  # fairseq's schedule and 8,192-token updates at any budget
 SHORT = {"LONG_RUN_UPDATES": math.inf}  # the quickstart's schedule and 2,500-token updates at any budget
-LONG3K = {"LONG_RUN_UPDATES": 3_000}  # fairseq's schedule from 3,000 updates of 8,192 tokens
-VOCAB2 = {"VOCABULARY": [(5_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)]}
-# The rule before its ninth change (docs/experiments/auto.md): FLoRes' regime from 45 epochs under 10,000 pairs.
-EIGHTH = {"FLORES_PAIRS": 10_000}
-# The rule before its sixth change: FLoRes' regime (dropout 0.3 and its extras) from 30 epochs under 10,000 pairs.
-FIFTH = {**EIGHTH, "FLORES_EPOCHS": 30, "SMALL_CORPUS_DROPOUT": 0.3}
-# The rule before its fifth change: a 4k BPE under 15,000 pairs at any budget.
-FOURTH = {"GROWN_VOCABULARY": {}, **FIFTH}
-# The first rule, before these trials changed it: the compact shape's FFN 512, fairseq's schedule from 2,000
-# updates of 8,192 tokens, a 2k BPE under 5,000 pairs.
-FIRST = {
-    "SHAPES": {**auto.SHAPES, "compact": {**auto.SHAPES["compact"], "d_ff": 512}},
-    "LONG_RUN_UPDATES": 2_000,
-    "VOCABULARY": [(5_000, 2_000), (15_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)],
-    "CASE_MARKUP_PAIRS": 0,  # nor case markup, nor the fifth change
-    **FOURTH,
-}
 
-# name -> (the recipe it changes, patches of mt/train/auto.py's tables, overrides on the choices)
+# name -> (the recipe it changes, patches of mt/train/auto.py's tables, overrides on the choices). The trials of the
+# rule's earlier forms (docs/experiments/auto.md) ran at the commits the record names: their patches were of tables
+# the rule no longer has.
 TRIALS: dict[str, tuple[str, dict, list[str]]] = {
     "auto": ("auto", {}, []),  # the rule as it is
-    "first": ("auto", FIRST, []),
-    "noextras": ("auto", {**FIRST, **NO_EXTRAS}, []),
-    "ff256": ("auto", {**FIRST, **FF256}, []),  # the cheaper FFN: at IWSLT 30 the first rule then goes long
-    "short_ff256": ("auto", {**FIRST, **FF256, **SHORT}, []),
-    "short_ff256_noextras": ("auto", {**FIRST, **FF256, **SHORT, **NO_EXTRAS}, []),
-    "v8k": ("auto", FIRST, ["tokenizer.vocab_size=8000"]),  # at the 4k run's count: flatters it
-    "long": ("auto", {**FIRST, **LONG, **NO_EXTRAS}, []),
-    "long_ff256": ("auto", {**FIRST, **LONG, **NO_EXTRAS, **FF256}, []),
-    "ff256_v8k": ("auto", {**FIRST, **FF256, **LONG3K, **VOCAB2}, []),  # 4k under 5,000 pairs, 8k to 60,000
-    "ff256_v2k": ("auto", {**FIRST, **FF256, **LONG3K}, []),  # the first rule's vocabulary
+    "noextras": ("auto", NO_EXTRAS, []),
+    "ff512": ("auto", FF512, []),  # the paper's FFN ratio on the compact shape: fewer updates
+    "long_now": ("auto", LONG, []),  # fairseq's schedule, warmup and 8,192-token updates
+    "short_now": ("auto", SHORT, []),
+    "v4k_now": ("auto", {}, ["tokenizer.vocab_size=4000"]),
+    "v8k_now": ("auto", {}, ["tokenizer.vocab_size=8000"]),
+    "v10k_now": ("auto", {}, ["tokenizer.vocab_size=10000"]),
+    "dropout01_now": ("auto", {}, ["model.dropout=0.1"]),
+    "dropout02_now": ("auto", {}, ["model.dropout=0.2"]),
+    "dropout03_now": ("auto", {}, ["model.dropout=0.3"]),
+    "avg10_now": ("auto", {}, ["train.keep_last=10", "train.average_last=10"]),
     "fairseq": ("fairseq", {}, []),
     "fairseq_cased4k": (
         "fairseq",
         {},
         ["tokenizer.normalization=NFC", "tokenizer.pretokenize=none", "tokenizer.vocab_size=4000"],
     ),  # fmt: skip
-    # The rule with case markup (the fourth change) at IWSLT 30, where fairseq's recipe still led: its levers
-    "case4k": ("auto", FOURTH, []),
-    "v8k_case": ("auto", FOURTH, ["tokenizer.vocab_size=8000"]),
-    "v10k_case": ("auto", FOURTH, ["tokenizer.vocab_size=10000"]),  # the fifth change
-    "avg10_case": ("auto", FOURTH, ["train.keep_last=10", "train.average_last=10"]),
-    "long_case": ("auto", {**FOURTH, **LONG}, []),  # fairseq's schedule and 8,192-token updates, case markup kept
-    "dropout02_case": ("auto", FOURTH, ["model.dropout=0.2"]),
-    "v10k_dropout02_case": ("auto", FOURTH, ["tokenizer.vocab_size=10000", "model.dropout=0.2"]),
     "fairseq_case": (
         "fairseq",
         {},
         ["tokenizer.normalization=NFC", "tokenizer.pretokenize=none", "tokenizer.case_markup=true"],
     ),  # fmt: skip
-    # The rule as it is now with one choice moved: its guesses between measured points (Multi30k 29,000 in 30 min)
-    "long_now": ("auto", LONG, []),  # fairseq's schedule, warmup and 10k BPE, 8,192-token updates
-    "v4k_now": ("auto", {}, ["tokenizer.vocab_size=4000"]),
-    "v10k_now": ("auto", {}, ["tokenizer.vocab_size=10000"]),
-    "dropout01_now": ("auto", {}, ["model.dropout=0.1"]),
-    "dropout03_now": ("auto", {}, ["model.dropout=0.3"]),
 }
 
 
@@ -115,6 +87,8 @@ def _value(v) -> str:
 @contextlib.contextmanager
 def patched(patches: dict):
     """mt/train/auto.py with some of its tables replaced, for the length of a with block."""
+    if missing := sorted(set(patches) - set(vars(auto))):
+        raise KeyError(f"mt/train/auto.py has no {', '.join(missing)}: the patch would change nothing")
     saved = {name: getattr(auto, name) for name in patches}
     try:
         for name, value in patches.items():
@@ -176,7 +150,8 @@ def plan(point: str, names: list[str], cpu_runs: Path, data: Path, seeds: list[i
     record = json.loads((run_dir(cpu_runs, point, "auto", 1) / "auto.json").read_text())
     c = record["corpus"]
     stats = auto.CorpusStats(c["pairs"], c["src_words"], c["tgt_words"],
-                             {int(k): auto.Epoch(**e) for k, e in c.get("epochs", {}).items()})  # fmt: skip
+                             {int(k): auto.Epoch(**e) for k, e in c.get("epochs", {}).items()},
+                             c.get("frequent_types", 0))  # fmt: skip
     budget = auto.Budget(**record["budget"])
     fairseq_updates = cpu_updates(run_dir(cpu_runs, point, "fairseq", 1))
     # The rule's count against the CPU run's: the probe's speed is of 24-token sentences, and a corpus of shorter
@@ -197,9 +172,7 @@ def plan(point: str, names: list[str], cpu_runs: Path, data: Path, seeds: list[i
                 vocab = int(given.get("tokenizer.vocab_size", 0)) or ruled["tokenizer.vocab_size"]
                 shape = auto.SHAPES["compact"]
             speed = {"compact": cpu_speed(shape, vocab, compact_speed(record, run_vocab), run_vocab)}
-            scale = auto.TOKENS_PER_WORD[vocab] / auto.TOKENS_PER_WORD[run_vocab]  # the run measured its own BPE's
-            trial_stats = dataclasses.replace(stats, epochs={k: auto.Epoch(e.batches * scale, e.padded_tokens * scale)
-                                                             for k, e in stats.epochs.items()})  # fmt: skip
+            trial_stats = dataclasses.replace(stats, measured_at=run_vocab)  # the run measured its own BPE's epoch
             choices, updates = rule_with(patches, trial_stats, budget, speed)
             updates = round(updates * calibration)
             # Hydra takes one value a key: the trial's wins

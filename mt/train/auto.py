@@ -28,12 +28,28 @@ from mt.config import ConfigError
 
 MIN_PAIRS = 1_000  # fewer pairs: no recipe learns a usable translator (OPUS-MT-train refuses <= 10k lines)
 
-# BPE vocabulary (joint) by training pairs. OPUS-MT-train: 10k-100k lines -> 1k per side, 100k-500k -> 4k,
-# 500k-1M -> 12k, above -> 32k; Zhang & Duh 2020: on ~24k pairs BPE 1k beats 32k by 5.4 BLEU. Within these budgets
-# a smaller vocabulary costs more tokens a sentence, so fewer sentences an update: measured at a CPU budget's update
-# count (docs/auto.md), 4k beats 2k on Multi30k cut to 3,600 pairs (+0.83 val BLEU lc, p 0.030) and ties 8k on IWSLT
-# TED (9,527 pairs; 8k at its CPU speed: -0.3). This project's Multi30k recipes (29k captions) use 8k-10k.
-VOCABULARY = [(15_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32_000)]
+# BPE vocabulary (joint): as large as the corpus's frequent words and the budget's tokens allow, from VOCABULARIES.
+# The corpus: at most its word types (whitespace words as written, both sides) seen FREQUENT times or more. Entries
+# beyond those would be rare words learnt whole, each seen once or twice: the rare, badly trained classes Gowda & May
+# (2020) find hurt, whose criterion asks most types of a vocabulary to be frequent. Counted here: Multi30k cut to
+# 3,600 / 7,250 / 14,500 / 29,000 pairs 2,841 / 4,660 / 7,433 / 12,434 such types; IWSLT TED (9,527) 10,008; the
+# 4,500-pair OPUS samples 5,210 (KDE4) to 8,213 (JRC-Acquis). The floor, 4k, is measured: at a CPU budget's update
+# count 4k beat 2k on Multi30k cut to 3,600 pairs (+0.83 val BLEU lc, p 0.030), and EMEA and KDE4 (4,500 pairs) led
+# fairseq's recipe with it; OPUS-MT-train gives 10k-100k lines 1k a side, Zhang & Duh 2020 find 1k beats 32k by 5.4
+# BLEU on ~24k pairs, both trained to convergence.
+# The budget: a vocabulary larger than the floor only where training sees each entry SEEN_PER_ENTRY times on average
+# (padded batch tokens the budget holds at that vocabulary's speed, over its size). Measured at a CPU budget's update
+# count (GPU replays, two seeds each, docs/experiments/auto.md): on Multi30k cut to 14,500 pairs in 10 minutes (~360 a
+# 10k entry) 10k was level with 4k on val and 0.8 behind on test; on the whole of Multi30k in 30 minutes (~1,000 an 8k
+# entry, ~800 a 10k one) 4k was 0.71 behind 8k on test (p 0.020) and 10k level with it (+0.31 val, p 0.131); on IWSLT
+# TED in 30 minutes (~1,200 a 10k entry) 10k beat 4k by 0.83 val BLEU lc (p 0.001). The bound sits between the first and
+# the second, nearer the second: a larger vocabulary costs updates (a 32k output layer runs at 36% of a 4k one's speed
+# on the compact shape), so it must be seen often enough to repay them. On Multi30k in 56 minutes it gives fairseq's
+# 10k, which beat 8k there (with its warmup: +0.76 val BLEU lc, p 0.013), as 8k beat 4k by ~2 val BLEU at equal epochs
+# of that hour.
+VOCABULARIES = (4_000, 8_000, 10_000, 16_000, 32_000)
+FREQUENT = 3
+SEEN_PER_ENTRY = 800
 # Where the tokenized corpus is not at hand (the rule's table, python -m mt.train.auto), an epoch's tokens are
 # estimated from its words: BPE tokens per whitespace word at each vocabulary size (Multi30k En/De with this
 # project's tokenizer: ~1.25 at 8k-10k; smaller vocabularies cut words into more pieces) and the batches' padding
@@ -41,6 +57,7 @@ VOCABULARY = [(15_000, 4_000), (60_000, 8_000), (250_000, 16_000), (math.inf, 32
 # padding, an epoch 2x the estimate): train.py measures the epoch with the batcher instead (`CorpusStats.epochs`).
 TOKENS_PER_WORD = {2_000: 1.7, 4_000: 1.45, 8_000: 1.3, 10_000: 1.25, 16_000: 1.2, 32_000: 1.15}
 PADDING = 0.93
+HEAPS = 0.7  # word types seen FREQUENT times ~ words ** HEAPS, where they are not counted
 
 # Model shapes by training pairs: the compact shape (d 128, fairseq's Multi30k shape: FFN 256) is the only one
 # measured on these budgets; larger corpora get wider models (transformer_small, then the paper's base). FFN 256
@@ -61,13 +78,12 @@ MIN_UPDATES_FOR_SHAPE = 3_000  # a wider shape only when the budget still holds 
 LONG_RUN_UPDATES = 3_000
 SHORT_TOKENS, LONG_TOKENS, LONG_ACCUMULATE = 2_500, 4_096, 2
 BATCH_TOKENS = (SHORT_TOKENS, LONG_TOKENS)  # the batch sizes the rule picks from: train.py measures an epoch of each
-# Long budgets take fairseq's warmup and vocabulary too: 600 updates (run.sh's count for its hour) rather than a
-# quarter of the updates, and a 10k BPE where the tier says 8k. Measured together at Multi30k En->De in 56 minutes
-# (docs/auto.md, two seeds): val BLEU lc +0.76 over warmup 978 and 8k (p 0.013), although the 10k output layer
-# costs 9% of the updates; on test, level with fairseq's recipe (-0.30, p 0.136) where the rule was 0.60 behind.
-# Measured on the compact shape only: the wider ones keep a quarter of the updates (at most 4,000, the paper's).
+# Long budgets take fairseq's warmup too: 600 updates (run.sh's count for its hour) rather than a quarter of the
+# updates. Measured with fairseq's 10k BPE at Multi30k En->De in 56 minutes (docs/auto.md, two seeds): val BLEU lc
+# +0.76 over warmup 978 and 8k (p 0.013); on test, level with fairseq's recipe (-0.30, p 0.136) where the rule was
+# 0.60 behind. Measured on the compact shape only: the wider ones keep a quarter of the updates (at most 4,000, the
+# paper's).
 LONG_WARMUP = 600
-LONG_VOCABULARY = {8_000: 10_000}
 # The long schedule's peak rate, 5e-3, is fairseq's for its IWSLT shape at d 128 and measured here on the compact
 # shape only (no clipping, post-norm). A wider shape takes the paper's peak instead (5.3: d^-0.5 x warmup^-0.5 at
 # its warmup: 1.0e-3 at d 256 and 7.0e-4 at d 512 with 4,000 steps; fairseq's base recipe uses 5e-4 to 1e-3), and
@@ -76,31 +92,19 @@ LONG_VOCABULARY = {8_000: 10_000}
 # the run: a corpus of a few thousand pairs over a long budget has epochs of a few updates, whose last 10 are the
 # last weights' neighbourhood.
 MIN_AVERAGED_SHARE = 0.05
-# A corpus of the 4k tier from GROWN_VOCABULARY_PAIRS pairs whose budget holds GROWN_VOCABULARY_UPDATES updates of
-# 8,192 tokens or more (~10M tokens) takes a 10k BPE too, although its output layer costs ~30% of the updates.
-# Measured with case markup at a CPU budget's update count (GPU replay, two seeds each, val BLEU lc, docs/auto.md):
-# IWSLT TED in 30 minutes (~1,770 such updates) +0.83 over 4k (p 0.001; 8k +0.23, p 0.11), and on the CPU level
-# with fairseq's recipe (+0.16, p 0.13; 4k: -0.32, p 0.03); Multi30k cut to 7,250 and 14,500 pairs in 10 minutes
-# (~530) level on val (+0.06, -0.19) and 0.8 behind on test. The bound sits between the two. The pairs' floor is
-# not measured: the smallest corpora want the smallest vocabularies (Zhang & Duh 2020), and EMEA and KDE4 (4,500
-# pairs) led fairseq's recipe with 4k.
-GROWN_VOCABULARY = {4_000: 10_000}
-GROWN_VOCABULARY_UPDATES = 1_200
-GROWN_VOCABULARY_PAIRS = 5_000
-# Dropout by epochs the budget holds: 0.1 at ~6 epochs (quickstart), 0.3 at ~60 (fairseq's).
-DROPOUT_BY_EPOCHS = [(10, 0.1), (30, 0.2), (math.inf, 0.3)]
-# A corpus under SMALL_CORPUS pairs keeps at most SMALL_CORPUS_DROPOUT, no attention or activation dropout and label
-# smoothing 0.1, however often it is seen, except under FLORES_PAIRS pairs seen at least FLORES_EPOCHS times: there
-# FLoRes' low-resource regime, dropout 0.3 (the tier above) with attention and activation dropout 0.1 and label
-# smoothing 0.2 (FLoRes: 0.4, 0.2, 0.2). Measured on test and val (docs/experiments/auto.md): dropout 0.2 without
-# the extras beat FLoRes' regime wherever both ran from 4,500 pairs up. IWSLT TED (9,527 pairs) in 10 minutes (~16
-# epochs) 7.41 val BLEU against 4.59, in 30 minutes (~41) +0.46 on val (p 0.015, two seeds); EMEA (4,500 pairs) in
-# 20 minutes (~40-47 epochs) +2.81 on test (p 0.001); KDE4 (4,500) in 20 minutes on a Zen 4 at one plan (~41-51
-# epochs) +1.82 on test, and on a Xeon with AMX (~70 epochs, two seeds) +0.75 on test (p 0.046; val +0.32, p 0.151;
-# chrF +2.42 and +1.92, p 0.001), where FLoRes' regime was 1.60 chrF behind this project's recipe (p 0.001). It won
-# only on Multi30k cut to 3,600 pairs in 10 minutes (~50 epochs, +1.21 val BLEU). FLORES_PAIRS sits between.
-SMALL_CORPUS = 10_000
-SMALL_CORPUS_DROPOUT = 0.2
+# Dropout by the epochs the budget holds, whatever the corpus's size: 0.1 at ~6 epochs (the quickstart's), 0.3 from
+# ~60 (fairseq's recipe on Multi30k in its hour). A corpus seen more often overfits sooner, and a smaller one is seen
+# more often in the same budget: so regularization never falls as the data shrinks (Sennrich & Zhang 2019; Araabi &
+# Monz 2020). Between the two, 0.2: measured against FLoRes' regime below from 4,500 pairs up, 0.2 won wherever both
+# ran (docs/experiments/auto.md): IWSLT TED (9,527 pairs) in 10 minutes (~16 epochs) 7.41 val BLEU against 4.59, in
+# 30 minutes (~41) +0.46 on val (p 0.015, two seeds); EMEA (4,500 pairs) in 20 minutes (~40-47 epochs) +2.81 on
+# test (p 0.001); KDE4 (4,500) in 20 minutes on a Zen 4 (~41-51 epochs) +1.82 on test. Beyond 60 epochs it was
+# measured once, on a Xeon with AMX (KDE4, ~70 epochs, two seeds: +0.75 on test, p 0.046; val +0.32, p 0.151):
+# there the rule now takes 0.3 without the extras, which no run has compared.
+DROPOUT_BY_EPOCHS = [(10, 0.1), (60, 0.2), (math.inf, 0.3)]
+# Under FLORES_PAIRS pairs seen at least FLORES_EPOCHS times: FLoRes' low-resource regime, dropout 0.3 with attention
+# and activation dropout 0.1 and label smoothing 0.2 (FLoRes: 0.4, 0.2, 0.2). It won on Multi30k cut to 3,600 pairs in
+# 10 minutes (~50 epochs, +1.21 val BLEU) and lost at 4,500 pairs and more (above): FLORES_PAIRS sits between.
 FLORES_PAIRS = 4_000
 FLORES_EPOCHS = 45
 # Case markup (mt/data/casing.py: lowercase words with case marks, the vocabulary of a lowercased model with cased
@@ -120,6 +124,11 @@ VALIDATION_TOKENS = 57_000
 MIN_EPOCHS = 1.0  # a budget under one epoch is warned about
 
 
+def tokens_per_word(vocab: int) -> float:
+    """TOKENS_PER_WORD at `vocab`, or at the nearest size it has (a command line's vocabulary)."""
+    return TOKENS_PER_WORD[min(TOKENS_PER_WORD, key=lambda size: abs(math.log(size / vocab)))]
+
+
 @dataclass(frozen=True)
 class Epoch:
     """One pass over the training data in batches of at most `max_tokens`: how many batches, and their padded
@@ -135,20 +144,36 @@ class Epoch:
 
 @dataclass(frozen=True)
 class CorpusStats:
-    """What the rule reads of the training data: pairs with text on both sides, whitespace words per side, and,
-    where the corpus is tokenized with the rule's vocabulary, its epoch measured at each of BATCH_TOKENS."""
+    """What the rule reads of the training data: pairs with text on both sides, whitespace words per side, word
+    types seen FREQUENT times or more (0: not counted, estimated from the words), and, where the corpus is tokenized
+    with a BPE of `measured_at` entries, its epoch measured at each of BATCH_TOKENS."""
 
     pairs: int
     src_words: int
     tgt_words: int
     epochs: Mapping[int, Epoch] = field(default_factory=dict)  # max_tokens -> the epoch in such batches
+    frequent_types: int = 0
+    measured_at: int = 0  # the BPE vocabulary the epochs were measured with (0: whichever the rule asks about)
 
     def epoch(self, vocab: int, max_tokens: int) -> Epoch:
-        """The measured epoch, else the estimate from words: full batches of a padded corpus."""
+        """The measured epoch, scaled to `vocab`'s tokens a word where it was measured with another BPE; else the
+        estimate from words: full batches of a padded corpus."""
         if max_tokens in self.epochs:
-            return self.epochs[max_tokens]
-        tokens = max(self.src_words, self.tgt_words) * TOKENS_PER_WORD[vocab] / PADDING
+            e = self.epochs[max_tokens]
+            if not self.measured_at or self.measured_at == vocab:
+                return e
+            scale = tokens_per_word(vocab) / tokens_per_word(self.measured_at)
+            return Epoch(e.batches * scale, e.padded_tokens * scale, e.shapes)
+        tokens = max(self.src_words, self.tgt_words) * tokens_per_word(vocab) / PADDING
         return Epoch(tokens / max_tokens, tokens)
+
+    @property
+    def frequent(self) -> tuple[int, str]:
+        """Word types seen FREQUENT times or more, and whether they were counted or estimated from the words (Heaps'
+        law fitted to Multi30k's cuts: types ~ words^0.7 counts 2,400 to 12,000 of their 2,841 to 12,434)."""
+        if self.frequent_types:
+            return self.frequent_types, "counted"
+        return int((self.src_words + self.tgt_words) ** HEAPS), "estimated from words"
 
 
 @dataclass(frozen=True)
@@ -166,13 +191,42 @@ class Budget:
 class Speed:
     """Padded batch tokens per second of training updates on this machine (the probe's unit) by shape, BPE vocabulary
     and FLoRes' extras (mt/train/probe.py measures each such point), else `flat`: one figure a shape, whatever the
-    vocabulary and the dropout layers (the tests' and older records' form)."""
+    vocabulary and the dropout layers (the tests' and older records' form). A vocabulary between or beside two
+    measured ones of its shape is read off the line through them in seconds a token: the output layer's cost grows
+    linearly with its rows (probe.TABLE, compact shape: 4k to 32k within 2% of that line)."""
 
     points: Mapping[tuple[str, int, bool], float] = field(default_factory=dict)
     flat: Mapping[str, float] = field(default_factory=dict)
 
     def __call__(self, shape: str, vocab: int, extras: bool = False) -> float:
-        return self.points[(shape, vocab, extras)] if (shape, vocab, extras) in self.points else self.flat[shape]
+        if (shape, vocab, extras) in self.points:
+            return self.points[(shape, vocab, extras)]
+        if not self.points:
+            return self.flat[shape]
+        line = sorted((v, rate) for (s, v, e), rate in self.points.items() if (s, e) == (shape, extras))
+        if len(line) >= 2:
+            return on_line(line, vocab)
+        if extras and len(line) < 2:  # the extras' cost where both were measured (this shape's first), times the speed
+            both = sorted((s != shape, v, s) for s, v, e in self.points if e and (s, v, False) in self.points)
+            ratio = (
+                self.points[(both[0][2], both[0][1], True)] / self.points[(both[0][2], both[0][1], False)]
+                if both
+                else 1
+            )
+            return self(shape, vocab) * ratio
+        if line:
+            return line[0][1]
+        return self.flat[shape]
+
+
+def on_line(known: list[tuple[int, float]], vocab: int) -> float:
+    """The speed at `vocab` on the line in seconds a token through the two measured vocabularies nearest it: those
+    either side of it, else the two smallest or the two largest."""
+    above = next((i for i, (v, _) in enumerate(known) if v > vocab), len(known))
+    i = min(max(above, 1), len(known) - 1)
+    (v0, r0), (v1, r1) = known[i - 1], known[i]
+    seconds = 1 / r0 + (vocab - v0) * (1 / r1 - 1 / r0) / (v1 - v0)
+    return 1 / seconds if seconds > 0 else max(r0, r1)
 
 
 NOTE = "note"  # a Choice that sets nothing: a warning about the corpus or the budget
@@ -206,28 +260,28 @@ def updates_in(budget: Budget, tokens_per_second: float, epoch: Epoch, accumulat
     return 0
 
 
-def probe_points(pairs: int) -> list[tuple[str, int, bool]]:
-    """The (shape, BPE vocabulary, FLoRes' extras) points whose speed `choose` may read for a corpus of `pairs`:
-    its shape tier's and the smaller ones, its vocabulary tier's and the larger one a long or a grown budget takes,
-    with and without FLoRes' extras under FLORES_PAIRS pairs."""
+def corpus_vocabulary(corpus: CorpusStats) -> int:
+    """The largest of VOCABULARIES the corpus's frequent word types fill (the floor where they fill none)."""
+    types, _ = corpus.frequent
+    return max([VOCABULARIES[0], *(v for v in VOCABULARIES if v <= types)])
+
+
+def probe_points(corpus: CorpusStats) -> list[tuple[str, int, bool]]:
+    """The (shape, BPE vocabulary, FLoRes' extras) points whose speed `choose` reads for `corpus` (the others on the
+    line through them, `Speed`): its shape tier's and the smaller ones, at the floor's vocabulary and the largest the
+    corpus fills, and the floor with FLoRes' extras under FLORES_PAIRS pairs."""
     names = [name for _, name in SHAPE_BY_PAIRS]
-    shapes = names[: names.index(tier(SHAPE_BY_PAIRS, pairs)) + 1]
-    vocab = tier(VOCABULARY, pairs)
-    vocabs = [vocab]
-    if vocab in LONG_VOCABULARY:
-        vocabs.append(LONG_VOCABULARY[vocab])
-    if vocab in GROWN_VOCABULARY and pairs >= GROWN_VOCABULARY_PAIRS:
-        vocabs.append(GROWN_VOCABULARY[vocab])
-    extras = [False, True] if pairs < FLORES_PAIRS else [False]
-    return [(s, v, e) for s in shapes for v in vocabs for e in extras]
+    shapes = names[: names.index(tier(SHAPE_BY_PAIRS, corpus.pairs)) + 1]
+    vocabs = sorted({VOCABULARIES[0], corpus_vocabulary(corpus)})
+    extras = [(shapes[0], VOCABULARIES[0], True)] if corpus.pairs < FLORES_PAIRS else []
+    return [(s, v, False) for s in shapes for v in vocabs] + extras
 
 
 def every_probe_point() -> list[tuple[str, int, bool]]:
-    """Every point `probe_points` gives for some corpus size (probe.TABLE's rows): the points of a corpus at each
-    bound of the tiers and just under it."""
-    tables = [*VOCABULARY, *SHAPE_BY_PAIRS, (GROWN_VOCABULARY_PAIRS, None), (FLORES_PAIRS, None)]
-    sizes = {MIN_PAIRS} | {n for bound, _ in tables if bound != math.inf for n in (int(bound) - 1, int(bound))}
-    return sorted({point for n in sizes if n >= MIN_PAIRS for point in probe_points(n)})
+    """Every point `probe_points` gives for some corpus: each shape at each vocabulary, the floor with the extras
+    (what `python -m mt.train.probe` measures for probe.TABLE)."""
+    names = [name for _, name in SHAPE_BY_PAIRS]
+    return sorted({(s, v, False) for s in names for v in VOCABULARIES} | {(names[0], VOCABULARIES[0], True)})
 
 
 def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, float]) -> list[Choice]:
@@ -241,30 +295,33 @@ def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, floa
                           "train.max_updates")  # fmt: skip
     if not isinstance(speed, Speed):
         speed = Speed(flat=speed)
-    vocab = tier(VOCABULARY, corpus.pairs)
-    long_epoch = corpus.epoch(vocab, LONG_TOKENS)
+    cap, (types, how) = corpus_vocabulary(corpus), corpus.frequent
+
+    def fitted(shape: str) -> tuple[int, int, float]:
+        """The largest vocabulary up to `cap` whose entries `shape`'s budget shows SEEN_PER_ENTRY times (else the
+        floor), the updates of 8,192 tokens it holds with it, and how often it shows each entry."""
+        for v in sorted((v for v in VOCABULARIES if v <= cap), reverse=True):
+            epoch = corpus.epoch(v, LONG_TOKENS)
+            updates = updates_in(budget, speed(shape, v), epoch, LONG_ACCUMULATE)
+            seen = updates * LONG_ACCUMULATE * epoch.padded_tokens / epoch.batches / v
+            if seen >= SEEN_PER_ENTRY or v == VOCABULARIES[0]:
+                return v, updates, seen
+        raise AssertionError("VOCABULARIES[0] is always fitted")
 
     shape = tier(SHAPE_BY_PAIRS, corpus.pairs)
-    while (
-        shape != "compact"
-        and updates_in(budget, speed(shape, vocab), long_epoch, LONG_ACCUMULATE) < MIN_UPDATES_FOR_SHAPE
-    ):
+    while shape != "compact" and fitted(shape)[1] < MIN_UPDATES_FOR_SHAPE:
         shape = {"base": "small", "small": "compact"}[shape]  # too slow for the budget: one size down
-    long_updates = updates_in(budget, speed(shape, vocab), long_epoch, LONG_ACCUMULATE)  # in updates of 8,192 tokens
+    vocab, long_updates, seen = fitted(shape)  # long_updates: of 8,192 tokens
     long_run = long_updates >= LONG_RUN_UPDATES
     tokens, accumulate = (LONG_TOKENS, LONG_ACCUMULATE) if long_run else (SHORT_TOKENS, 1)
-    why = f"{corpus.pairs:,} pairs: a joint BPE of {vocab:,}"
-    if long_run and vocab in LONG_VOCABULARY:
-        why = f"{corpus.pairs:,} pairs, a long budget: a joint BPE of {LONG_VOCABULARY[vocab]:,} (fairseq's size)"
-        vocab = LONG_VOCABULARY[vocab]
-    elif (
-        vocab in GROWN_VOCABULARY
-        and corpus.pairs >= GROWN_VOCABULARY_PAIRS
-        and long_updates >= GROWN_VOCABULARY_UPDATES
-    ):
-        why = (f"{corpus.pairs:,} pairs, {long_updates:,} updates of {LONG_TOKENS * LONG_ACCUMULATE:,} tokens >= "
-               f"{GROWN_VOCABULARY_UPDATES:,}: a joint BPE of {GROWN_VOCABULARY[vocab]:,}")  # fmt: skip
-        vocab = GROWN_VOCABULARY[vocab]
+    fill = f"{types:,} word types seen {FREQUENT}+ times ({how})"
+    if vocab == cap:
+        why = f"{fill}: a joint BPE of {vocab:,}" + (
+            f", each entry seen ~{seen:,.0f} times in the budget (>= {SEEN_PER_ENTRY})" if vocab > VOCABULARIES[0]
+            else f" (the floor: {VOCABULARIES[1]:,} would be rare words)")  # fmt: skip
+    else:
+        why = (f"{fill} fill {cap:,}, but the budget would show a larger one's entries under {SEEN_PER_ENTRY} times "
+               f"each: a joint BPE of {vocab:,} (~{seen:,.0f} each)")  # fmt: skip
     case_markup = corpus.pairs < CASE_MARKUP_PAIRS
     out = [
         Choice("tokenizer.vocab_size", vocab, why),
@@ -281,7 +338,7 @@ def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, floa
     # FLoRes' regime for a corpus under FLORES_PAIRS the budget shows FLORES_EPOCHS times at the regime's own speed:
     # its extra dropout layers cost updates, and a plan at the speed without them can cross a bound the run does not
     # reach.
-    small, tiny = corpus.pairs < SMALL_CORPUS, corpus.pairs < FLORES_PAIRS
+    tiny = corpus.pairs < FLORES_PAIRS
     flores_epochs = (updates_in(budget, speed(shape, vocab, True), epoch, accumulate) * accumulate / epoch.batches
                      if tiny else 0.0)  # fmt: skip
     small_and_long = tiny and flores_epochs >= FLORES_EPOCHS
@@ -336,14 +393,12 @@ def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, floa
             Choice("train.cooldown", 0.3, "the last 30% of the budget cools the lr to 0 (Li et al. 2020)"),
             Choice("train.clip_norm", 1.0, why),
         ]
-    dropout, why = tier(DROPOUT_BY_EPOCHS, epochs), f"~{epochs:.1f} epochs"
-    at_flores = f" (~{flores_epochs:.1f} at the speed of FLoRes' extras)" if tiny and not small_and_long else ""
-    if small and not small_and_long and dropout > SMALL_CORPUS_DROPOUT:
-        dropout = SMALL_CORPUS_DROPOUT
-        why += (f"{at_flores} of {corpus.pairs:,} pairs < {SMALL_CORPUS:,}: at most {SMALL_CORPUS_DROPOUT:g} "
-                + (f"until {FLORES_EPOCHS} epochs, then FLoRes' 0.3 with its extras" if tiny else
-                   f"(FLoRes' regime only under {FLORES_PAIRS:,} pairs)"))  # fmt: skip
+    dropout = 0.3 if small_and_long else tier(DROPOUT_BY_EPOCHS, epochs)
+    bounds = ", ".join(f"{v:g} under {b:g}" for b, v in DROPOUT_BY_EPOCHS if b != math.inf)
+    why = (f"~{epochs:.1f} epochs of {corpus.pairs:,} pairs < {FLORES_PAIRS:,}: FLoRes' regime" if small_and_long
+           else f"~{epochs:.1f} epochs: by the epochs the budget holds ({bounds}, else 0.3)")  # fmt: skip
     out.append(Choice("model.dropout", dropout, why))
+    at_flores = f" (~{flores_epochs:.1f} at the speed of FLoRes' extras)" if tiny and not small_and_long else ""
     inner = 0.1 if small_and_long else 0.0
     why = (f"{corpus.pairs:,} pairs < {FLORES_PAIRS:,} seen ~{epochs:.1f} times (FLoRes)" if small_and_long
            else f"~{epochs:.1f} epochs{at_flores} of {corpus.pairs:,} pairs: FLoRes' extras only from "
@@ -372,27 +427,48 @@ def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, floa
     return out
 
 
+# The grid's columns: the choices it shows, each read from the key whose reason says why it changed
+GRID_KEYS = {"vocabulary": "tokenizer.vocab_size", "shape": "model.d_model", "schedule": "model.norm",
+             "dropout": "model.dropout", "FLoRes' extras": "train.label_smoothing"}  # fmt: skip
+
+
+def _cell(corpus: CorpusStats, budget: Budget, speed) -> dict[str, tuple[str, str]]:
+    """A grid cell: each of GRID_KEYS's choices as shown, with the reason the rule gives for it."""
+    got = {c.key: c for c in choose(corpus, budget, speed)}
+    shape = next(name for name, s in SHAPES.items() if s["d_model"] == got["model.d_model"].value)
+    shown = {"vocabulary": f"{got['tokenizer.vocab_size'].value // 1000}k", "shape": shape,
+             "schedule": "long" if got["model.norm"].value == "post" else "short",
+             "dropout": f"{got['model.dropout'].value:g}",
+             "FLoRes' extras": "FLoRes" if got["train.label_smoothing"].value == 0.2 else ""}  # fmt: skip
+    return {name: (shown[name], got[key].reason) for name, key in GRID_KEYS.items()}
+
+
 def grid(
     pairs: list[int], minutes: list[float], speed: Speed | Mapping[str, float], words_per_pair: float = 13.0
 ) -> str:
     """A Markdown table of the main choices for each corpus size (rows) and budget (columns), docs/auto.md's: the
     BPE vocabulary, the shape, the schedule (short: the quick start's; long: fairseq's), dropout, and FLoRes'
-    extras where they apply. Both sides of a pair are taken to have `words_per_pair` words."""
-    head = "| pairs | " + " | ".join(f"{m:g} min" for m in minutes) + " |"
-    rows = [head, "|---" * (len(minutes) + 1) + "|"]
+    extras where they apply; then, for each choice that differs between neighbouring cells, the reason the rule
+    gives for it in the larger one. Both sides of a pair are taken to have `words_per_pair` words."""
+    cells = {(n, m): _cell(CorpusStats(n, int(n * words_per_pair), int(n * words_per_pair)), Budget(minutes=m), speed)
+             for n in pairs for m in minutes}  # fmt: skip
+    rows = ["| pairs | " + " | ".join(f"{m:g} min" for m in minutes) + " |", "|---" * (len(minutes) + 1) + "|"]
     for n in pairs:
-        cells = []
-        for m in minutes:
-            got = {c.key: c.value for c in choose(CorpusStats(n, int(n * words_per_pair), int(n * words_per_pair)),
-                                                  Budget(minutes=m), speed) if c.key != PLAN}  # fmt: skip
-            shape = next(name for name, s in SHAPES.items() if s["d_model"] == got["model.d_model"])
-            schedule = "long" if got["model.norm"] == "post" else "short"
-            extras = ", FLoRes" if got["train.label_smoothing"] == 0.2 else ""
-            cells.append(
-                f"{got['tokenizer.vocab_size'] // 1000}k, {shape}, {schedule}, {got['model.dropout']:g}{extras}"
-            )
-        rows.append(f"| {n:,} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+        shown = [", ".join(v for v, _ in cells[(n, m)].values() if v) for m in minutes]
+        rows.append(f"| {n:,} | " + " | ".join(shown) + " |")
+    changes = []
+    neighbours = [
+        ((n, a), (n, b), f"{n:,} pairs, {a:g} -> {b:g} min") for n in pairs for a, b in zip(minutes, minutes[1:])
+    ]
+    neighbours += [
+        ((a, m), (b, m), f"{a:,} -> {b:,} pairs, {m:g} min") for m in minutes for a, b in zip(pairs, pairs[1:])
+    ]
+    for here, there, where in neighbours:
+        for name in GRID_KEYS:
+            (was, _), (now, why) = cells[here][name], cells[there][name]
+            if was != now:
+                changes.append(f"- {where}: {name} {was or 'none'} -> {now or 'none'}: {why}")
+    return "\n".join(rows + ["", "Where neighbouring cells differ, the rule's reason in the second:", *changes])
 
 
 if __name__ == "__main__":  # python -m mt.train.auto: the grid at the probe's table speed (a 2-vCPU EPYC)

@@ -9,12 +9,14 @@ import dataclasses
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from mt import runtime
 from mt.config import Config, ConfigError
 from mt.data import read
 from mt.data.corpus import make_sampler, prepare_data
@@ -23,6 +25,7 @@ from mt.runtime import pick_device
 from mt.train import auto_finetune, probe
 from mt.train.auto import (
     BATCH_TOKENS,
+    FREQUENT,
     NOTE,
     PLAN,
     SHAPES,
@@ -64,24 +67,30 @@ SAMPLE_SEED = 0  # the sample's batches are formed with this seed: every seed of
 
 
 def corpus_stats(cfg: Config) -> CorpusStats:
-    """Pairs with text on both sides in the training split (less the pairs held out for validation) and their
-    whitespace words per side."""
+    """Pairs with text on both sides in the training split (less the pairs held out for validation), their
+    whitespace words per side, and the word types (both sides, as written) seen FREQUENT times or more."""
     pairs = src_words = tgt_words = 0
+    types: Counter[str] = Counter()
     for s, t in read.TextPairs.of_split(cfg.data, cfg.data.train_split):
         pairs += 1
-        src_words += len(s.split())
-        tgt_words += len(t.split())
+        words = s.split()
+        src_words += len(words)
+        types.update(words)
+        words = t.split()
+        tgt_words += len(words)
+        types.update(words)
     held = min(cfg.data.valid_from_train, pairs)
     share = (pairs - held) / pairs
-    return CorpusStats(pairs - held, round(src_words * share), round(tgt_words * share))
+    frequent = sum(1 for n in types.values() if n >= FREQUENT)
+    return CorpusStats(pairs - held, round(src_words * share), round(tgt_words * share), frequent_types=frequent)
 
 
-def counted(stats: CorpusStats, kept: int, epochs: dict[int, Epoch]) -> CorpusStats:
+def counted(stats: CorpusStats, kept: int, epochs: dict[int, Epoch], vocab: int) -> CorpusStats:
     """`stats` with the pairs training keeps (`kept`: after the length and ratio filters, data.max_len included),
-    their words in proportion, and the measured epochs."""
+    their words in proportion, and the epochs measured with a BPE of `vocab` entries."""
     share = kept / max(stats.pairs, 1)
     return dataclasses.replace(stats, pairs=kept, src_words=round(stats.src_words * share),
-                               tgt_words=round(stats.tgt_words * share), epochs=epochs)  # fmt: skip
+                               tgt_words=round(stats.tgt_words * share), epochs=epochs, measured_at=vocab)  # fmt: skip
 
 
 def measure_epochs(cfg: Config, run_dir: Path) -> tuple[dict[int, Epoch], int]:
@@ -184,6 +193,7 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
     if cfg.train.init_from:  # a fine-tuning run: its own rule (mt/train/auto_finetune.py)
         return auto_finetune.configure(cfg, run_dir, keys, groups, lambda: budget(cfg, job_start))
     saved = run_dir / AUTO_FILE
+    resolve_precision(cfg, pick_device(cfg.train.device), keys)
     record = saved_record(cfg, run_dir)
     if record is not None:  # a resumed run: the recipe it started with
         choices = [Choice(c["key"], c["value"], c["reason"]) for c in record["choices"]]
@@ -192,7 +202,8 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
         stats = corpus_stats(cfg)
         device = pick_device(cfg.train.device)
         precision = probe_precision(cfg)
-        points = {point: SHAPES[point[0]] for point in probe_points(stats.pairs)}
+        runtime.use_tf32(device)  # the probe times the matmuls training runs: TF32 on CUDA
+        points = {point: SHAPES[point[0]] for point in probe_points(stats)}
         # A budget of updates reads no speed: the probe's seconds would be spent for nothing (TABLE stands in)
         probing = cfg.auto.probe and bool(cfg.train.max_time)
         speed = probed = Speed(probe.throughput(points, device, precision, probing))
@@ -200,7 +211,7 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
         planned = budget(cfg, job_start)
         choices = choose(stats, planned, speed)
         measured_at = None  # the epoch measured with the rule's vocabulary (a parent's: estimated)
-        for _ in range(3 if not cfg.train.init_from else 0):  # a long budget changes the vocabulary: settles in two
+        for _ in range(3 if not cfg.train.init_from else 0):  # a measured epoch may move the vocabulary
             trial = copy.deepcopy(cfg)
             for c in choices:
                 if c.key.startswith("tokenizer.") and c.key not in keys and "tokenizer" not in groups:
@@ -208,7 +219,10 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
             if trial.tokenizer.vocab_size == measured_at:
                 break
             epochs, kept = measure_epochs(trial, run_dir)
-            stats = counted(stats, kept, epochs)  # the pairs training will see: after the length filters
+            # the pairs training will see: after the length filters; the epoch is the run's whatever the rule asks
+            # where the command line sets the vocabulary
+            given = "tokenizer.vocab_size" in keys or "tokenizer" in groups
+            stats = counted(stats, kept, epochs, 0 if given else trial.tokenizer.vocab_size)
             measured_at = trial.tokenizer.vocab_size
             planned = budget(cfg, job_start)  # less what BPE and the tokenized cache took
             if probing:  # the probe's figures at the corpus's own batches
@@ -288,6 +302,17 @@ def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") 
         f"auto: the plan expected {plan['updates']:,} updates in this budget and the run made {made:,} "
         f"({ratio:.2f} of them): {source}"
     )
+
+
+def resolve_precision(cfg: Config, device: torch.device, keys: set[str]) -> None:
+    """train.precision=auto (auto.yaml's) made concrete before the probe, which times at one precision: on CUDA what
+    `auto` trains at there (bf16 from Ampere on, else fp16); on the CPU fp32, which every measured plan ran at (the
+    rule's compact shape is under runtime.CPU_BF16_MIN_WIDTH, where bf16 is not faster)."""
+    if cfg.train.precision != "auto" or "train.precision" in keys:
+        return
+    dtype = runtime.pick_autocast("auto", device) if runtime.on_cuda(device) else None
+    cfg.train.precision = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+    log.info("auto: train.precision=%s on %s (train.precision=auto)", cfg.train.precision, device)
 
 
 def probe_precision(cfg: Config) -> str:
