@@ -376,7 +376,7 @@ def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("action", choices=["cut", "command", "run", "table", "plans"])
     ap.add_argument("point", nargs="?", choices=list(POINTS))
     ap.add_argument("recipes", nargs="*", help=f"one or more of {', '.join(RECIPES)}")
