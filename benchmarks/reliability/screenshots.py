@@ -1,11 +1,12 @@
 """Screenshots for the docs, from a real browser (headless Chromium driven by selenium, as tests/test_browser.py):
 
     python benchmarks/reliability/screenshots.py serve RUN_DIR docs/serve_page.png [--text "A man is ..."]
-    python benchmarks/reliability/screenshots.py site OUT_DIR [--pages index train results experiments/recipes]
+    python benchmarks/reliability/screenshots.py site OUT_DIR [--pages README index auto concepts results]
 
 `serve` starts `serve.py checkpoint=RUN_DIR` on a free port, types the text into its page, clicks Translate,
 waits for the answer and saves the page. `site` builds the docs (`mkdocs build` into a temporary folder) and saves
-the first screen of each page a reader opens (what they see before scrolling), as OUT_DIR/PAGE.png.
+the first screen of each page a reader opens (what they see before scrolling), as OUT_DIR/PAGE.png; `README` is
+the README as a code host renders it (Markdown with tables and fenced code, GitHub's 980-pixel column).
 Needs chromium and chromium-driver (apt) and selenium (the dev extra).
 """
 
@@ -84,12 +85,30 @@ def serve_page(run_dir: Path, out: Path, text: str) -> None:
     print(f"{out}: the page of serve.py with {run_dir}")
 
 
+README_STYLE = """body { max-width: 980px; margin: 32px auto; padding: 0 32px; font: 16px/1.5 -apple-system, "Segoe UI",
+Helvetica, Arial, sans-serif; color: #1f2328 } pre, code { background: #f6f8fa; font-size: 85%; border-radius: 6px }
+pre { padding: 16px; overflow: auto } table { border-collapse: collapse } td, th { border: 1px solid #d1d9e0;
+padding: 6px 13px } h1, h2 { border-bottom: 1px solid #d1d9e0; padding-bottom: .3em }"""
+
+
+def readme_html(built: Path) -> Path:
+    """README.md as a code host shows it: its Markdown with tables and fenced code, in a 980-pixel column."""
+    import markdown
+
+    body = markdown.markdown((ROOT / "README.md").read_text(encoding="utf-8"), extensions=["tables", "fenced_code"])
+    page = built / "README.html"
+    page.write_text(f"<!doctype html><meta charset=utf-8><style>{README_STYLE}</style>{body}", encoding="utf-8")
+    return page
+
+
 def site(out: Path, pages: list[str]) -> None:
     with tempfile.TemporaryDirectory() as built, chromium(1280, 900) as browser:
         subprocess.run(["mkdocs", "build", "-q", "-d", built], cwd=ROOT, check=True)
         out.mkdir(parents=True, exist_ok=True)
         for page in pages:
             html = Path(built) / ("index.html" if page == "index" else f"{page}/index.html")
+            if page == "README":
+                html = readme_html(Path(built))
             if not html.is_file():
                 sys.exit(f"--pages {page}: no such page in the built site ({html.relative_to(built)})")
             browser.get(html.as_uri())
@@ -100,7 +119,7 @@ def site(out: Path, pages: list[str]) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     sub = ap.add_subparsers(dest="what", required=True)
     s = sub.add_parser("serve", help="the server's page with a translation")
     s.add_argument("run_dir", type=Path)
@@ -108,7 +127,7 @@ def main() -> None:
     s.add_argument("--text", default=TEXT)
     w = sub.add_parser("site", help="the first screen of docs pages")
     w.add_argument("out", type=Path)
-    w.add_argument("--pages", nargs="+", default=["index", "train", "results", "experiments/recipes"])
+    w.add_argument("--pages", nargs="+", default=["README", "index", "auto", "concepts", "results"])
     args = ap.parse_args()
     if args.what == "serve":
         serve_page(args.run_dir.resolve(), args.out, args.text)
