@@ -5,6 +5,7 @@ the test output. Marked `browser`; skipped, with the reason, where no browser is
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -173,3 +174,24 @@ def test_with_keys_the_page_asks_for_one_and_picks_among_several_models(toy_run,
         shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li")] or None)
         expected = api(url, {"src": ["the cat sees a dog"], "model": "second"}, "page-key-0123456789")
         assert shown == expected["translations"] and browser.execute_script("return request()")["model"] == "second"
+
+
+def test_the_guide_and_results_tables_fit_the_page_at_1280_pixels(browser, tmp_path):
+    """Beside the navigation and the contents, a table wider than its column scrolls sideways: the guide's pages and
+    the results page keep every table within it (docs/stylesheets/extra.css)."""
+    subprocess.run(["mkdocs", "build", "-q", "-d", str(tmp_path / "site")], cwd=ROOT, check=True,
+                   env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})  # fmt: skip
+    browser.set_window_size(1280, 900)
+    site = tmp_path / "site"
+    pages = [p for p in site.rglob("index.html") if "experiments" not in p.parts and p.parent.name != "404"]
+    assert len(pages) > 10
+    wide = {}
+    for page in pages:
+        browser.get(page.as_uri())
+        over = browser.execute_script(
+            "return [...document.querySelectorAll('.md-typeset table')].map(t => [t.scrollWidth,"
+            " (t.closest('.md-typeset__scrollwrap') || t.parentElement).clientWidth]).filter(([w, c]) => w > c + 2)"
+        )
+        if over:
+            wide[str(page.parent.relative_to(tmp_path / "site"))] = over
+    assert not wide, f"tables wider than the page's column (scrollWidth, column): {wide}"
