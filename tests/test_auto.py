@@ -688,6 +688,12 @@ def test_a_run_near_its_plan_rescales_the_figures_it_planned_with(tmp_path, monk
         for made in (650, 900, 1_400):
             assert auto_setup.check_plan(tmp_path, made, probed=True) is None, given
         assert json.loads(probe.cache_path().read_text()) == rescaled, given
+    # A corpus of one's own (data=local and its keys) is what the plan was made for: a run far from it drops them
+    local = ["data", "data.dir", "data.src_lang", "data.valid_from_train"]
+    (tmp_path / "auto.json").write_text(json.dumps({"choices": [plan, *chosen], "device": "cpu", "speed": speed,
+                                                    "batch_factor": 0.9, "applied": ["model.dropout",
+                                                    "train.max_tokens"], "command_line": local}))  # fmt: skip
+    assert "dropped from" in auto_setup.check_plan(tmp_path, 650, probed=True)
 
 
 def test_the_sample_stands_for_equal_shares_of_the_epochs_padded_tokens(monkeypatch):

@@ -272,7 +272,8 @@ def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") 
         return None
     chosen = {c["key"] for c in record["choices"]}
     given = set(record.get("command_line", []))
-    moves = {k for k in given if k in RATE_KEYS or k.startswith("decode.") or k in ("decode", "model", "train", "data")}
+    # (a whole data group, data=local, chooses the corpus: the plan was made for it)
+    moves = {k for k in given if k in RATE_KEYS or k.startswith("decode.") or k in ("decode", "model", "train")}
     if moved := sorted(((chosen & PLAN_KEYS) - set(record.get("applied", chosen))) | moves):
         log.info("auto: the command line set %s: the plan's updates are not this run's, the cached speeds are left "
                  "as they are", ", ".join(moved))  # fmt: skip
