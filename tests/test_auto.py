@@ -14,7 +14,8 @@ import torch
 
 from mt.config import Config, ConfigError, DataConfig
 from mt.train import auto_setup, probe
-from mt.train.auto import NOTE, PLAN, Budget, Choice, CorpusStats, Epoch, Speed, choose, grid, updates_in
+from mt.train.auto import NOTE, PLAN, Budget, Choice, CorpusStats, Epoch, Speed, choose, updates_in
+from mt.train.auto_grid import grid
 from tests.conftest import ROOT
 
 MULTI30K = CorpusStats(29_000, 348_000, 330_000)  # Multi30k En->De's training split (words per side, rounded)
@@ -612,11 +613,11 @@ def test_the_grid_gives_a_reason_beside_each_change_between_neighbouring_cells()
 def test_the_docs_show_the_grid_the_rule_prints():
     from mt.train.speeds import TABLE
 
-    printed = subprocess.run([sys.executable, "-m", "mt.train.auto"], capture_output=True, text=True, cwd=ROOT,
+    printed = subprocess.run([sys.executable, "-m", "mt.train.auto_grid"], capture_output=True, text=True, cwd=ROOT,
                              check=True).stdout  # fmt: skip
     table = [line for line in printed.splitlines() if line.startswith("|")]
     page = (ROOT / "docs" / "auto.md").read_text(encoding="utf-8")
-    assert all(line in page for line in table), "docs/auto.md: paste the table `python -m mt.train.auto` prints"
+    assert all(line in page for line in table), "docs/auto.md: paste the table `python -m mt.train.auto_grid` prints"
     assert table[2].startswith("| 2,000 |") and len(TABLE) > 0
 
 

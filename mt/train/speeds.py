@@ -1,5 +1,5 @@
 """What the probe (mt/train/probe.py) measured on one machine, for `+experiment=auto` where it cannot measure its
-own (`auto.probe=false`) and for the rule's table (`python -m mt.train.auto`). Here, not in the probe or the rule,
+own (`auto.probe=false`) and for the rule's table (`python -m mt.train.auto_grid`). Here, not in the probe or the rule,
 so that the rule reads the figures and the probe reads the rule's points without importing each other."""
 
 from __future__ import annotations
