@@ -806,3 +806,24 @@ def test_the_probe_times_what_training_runs_tf32_and_bf16_on_a_gpu(tmp_path, mon
         assert cfg.train.precision == "auto"
     finally:
         torch.set_float32_matmul_precision(before)
+
+
+def test_the_corpus_counts_its_frequent_word_types_and_stops_once_they_fill_the_largest_vocabulary(
+    tmp_path, monkeypatch
+):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    # 40 pairs: "w0".."w9" and "v0".."v3" three times or more each from the first 20 pairs on, "late0".."late4" 4
+    # times each in the last 20, "once_N" and "rare_N" once; both sides counted together
+    src = [f"w{i % 10} w{(i + 1) % 10} once_{i}" + (f" late{i % 5}" if i >= 20 else "") for i in range(40)]
+    tgt = [f"v{i % 4} rare_{i}" for i in range(40)]
+    (corpus / "train.xx").write_text("\n".join(src) + "\n")
+    (corpus / "train.yy").write_text("\n".join(tgt) + "\n")
+    cfg = Config(data=DataConfig(name="local", format="parallel", dir=str(corpus), src_lang="xx", tgt_lang="yy"))
+    stats = auto_setup.corpus_stats(cfg)
+    assert (stats.pairs, stats.src_words, stats.tgt_words, stats.frequent_types) == (40, 140, 80, 19)
+    # once they fill the largest vocabulary, the count stops (here: 14 >= 12 after 20 pairs; the late words unseen)
+    monkeypatch.setattr(auto_setup, "VOCABULARIES", (4, 12))
+    monkeypatch.setattr(auto_setup, "TYPES_CHECK_EVERY", 20)
+    early = auto_setup.corpus_stats(cfg)
+    assert (early.frequent_types, early.pairs, early.src_words) == (14, 40, 140)

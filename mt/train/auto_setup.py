@@ -29,6 +29,7 @@ from mt.train.auto import (
     NOTE,
     PLAN,
     SHAPES,
+    VOCABULARIES,
     Budget,
     Choice,
     CorpusStats,
@@ -63,26 +64,35 @@ RATE_KEYS = {"train.rdrop_alpha", "train.compile", "train.ema_decay", "train.ema
 # Batches of an epoch the probe times against its made-up ones (probe.batch_factor): each stands for an equal share
 # of the epoch's padded tokens. Three rounds of them and of the made-up batch: ~15 s on a 2-vCPU Zen 4 (KDE4).
 SAMPLE_BATCHES = 6
+TYPES_CHECK_EVERY = 100_000  # pairs between checks whether the frequent word types fill the largest vocabulary
 SAMPLE_SEED = 0  # the sample's batches are formed with this seed: every seed of a run reads one cached factor
 
 
 def corpus_stats(cfg: Config) -> CorpusStats:
     """Pairs with text on both sides in the training split (less the pairs held out for validation), their
-    whitespace words per side, and the word types (both sides, as written) seen FREQUENT times or more."""
-    pairs = src_words = tgt_words = 0
-    types: Counter[str] = Counter()
+    whitespace words per side, and the word types (both sides, as written) seen FREQUENT times or more, counted
+    until they fill the largest vocabulary the rule has (a corpus of millions of pairs stops counting early)."""
+    pairs = src_words = tgt_words = frequent = 0
+    types: Counter[str] | None = Counter()
     for s, t in read.TextPairs.of_split(cfg.data, cfg.data.train_split):
         pairs += 1
-        words = s.split()
-        src_words += len(words)
-        types.update(words)
-        words = t.split()
-        tgt_words += len(words)
-        types.update(words)
+        source, target = s.split(), t.split()
+        src_words += len(source)
+        tgt_words += len(target)
+        if types is not None:
+            types.update(source)
+            types.update(target)
+            if pairs % TYPES_CHECK_EVERY == 0 and count_frequent(types) >= VOCABULARIES[-1]:
+                frequent, types = count_frequent(types), None
+    if types is not None:
+        frequent = count_frequent(types)
     held = min(cfg.data.valid_from_train, pairs)
     share = (pairs - held) / pairs
-    frequent = sum(1 for n in types.values() if n >= FREQUENT)
     return CorpusStats(pairs - held, round(src_words * share), round(tgt_words * share), frequent_types=frequent)
+
+
+def count_frequent(types: Counter[str]) -> int:
+    return sum(1 for n in types.values() if n >= FREQUENT)
 
 
 def counted(stats: CorpusStats, kept: int, epochs: dict[int, Epoch], vocab: int) -> CorpusStats:
