@@ -18,7 +18,7 @@ interleaved in one process so that a shared host's drift moves both alike, and t
 by it. Measured on KDE4 (4,500 pairs with a long tail of segments, its 4k-BPE batches 67 tokens long on average,
 weighted by their tokens): the probe read 21-26% above the run's speed on an AMD EPYC Zen 4 and an Intel Xeon with
 AMX, and the plan took FLoRes' regime for ~49 epochs the run did not reach (~41). The factor there: 0.85 on the
-Zen 4; on IWSLT TED's batches 0.99 (docs/experiments/auto.md, the eighth change).
+Zen 4; on IWSLT TED's batches 0.99 (docs/experiments/auto.md, "The plan and the probe").
 """
 
 from __future__ import annotations
