@@ -78,6 +78,20 @@ def test_the_minutes_plot_joins_the_mean_of_the_seeds_at_each_budget(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_every_recipe_gets_its_own_marker_and_a_legend_name_users_know(tmp_path, monkeypatch):
+    assert len(trials.MARKERS) >= len(trials.SCORED) and set(trials.LEGEND) == set(trials.SCORED)
+    labels = []
+    import matplotlib.axes
+
+    scatter = matplotlib.axes.Axes.scatter
+    monkeypatch.setattr(matplotlib.axes.Axes, "scatter", lambda ax, *a, **k: labels.append(k.get("label")) or
+                        scatter(ax, *a, **k))  # fmt: skip
+    points = [(4500, 20, r, 10.0 + i, c) for i, r in enumerate(trials.SCORED) for c in ("EMEA De->En", "KDE4 De->En")]
+    trials.draw(points, tmp_path / "pairs.png")
+    assert sorted(labels) == sorted(trials.LEGEND.values())  # every recipe drawn, none under its run-dir name
+    assert "multi30k_en_de" in labels and "recipe" not in labels
+
+
 def write_runs(tmp_path: Path, plan: list[tuple[str, int, str]]) -> Path:
     """Run dirs of the point emea_20 as the trials leave them: (recipe, seed, "right" or "worse") each."""
     data = tmp_path / "data"

@@ -663,6 +663,13 @@ ROWS = [
         "b.txt has 1 lines but the references have 2",
     ),
     ("compare_split_unknown", "compare", _compare("{r}", "{r}", "--split", "nope"), "nope.hyp: no such file"),
+    # benchmarks/quality/val_curves.py
+    (
+        "val_curves_names_count",
+        "val_curves",
+        lambda c, r, t: (["--ours", str(r), "--names", "a", "b", "--out", str(t / "v.png")], None),
+        "--names gives 2 names for 1 runs",
+    ),
 ]
 
 
@@ -675,6 +682,8 @@ def command(entry: str, extra: list[str], corpus: Path, run_dir: Path) -> list[s
         return ["-m", "mt.export", *extra]
     if entry == "compare":
         return ["-m", "mt.compare", *extra]
+    if entry == "val_curves":
+        return ["benchmarks/quality/val_curves.py", *extra]
     return ["translate.py", *extra]
 
 

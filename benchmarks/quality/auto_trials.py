@@ -58,6 +58,11 @@ NOCASE = "nocase"
 # POINT.fifth.sSEED.
 FIFTH = "fifth"
 SCORED = [*RECIPES, FIRST, NOCASE, FIFTH]
+# What a plot's legend calls each recipe: the names a user of this project knows them by, not the run dirs'.
+LEGEND = {"auto": "+experiment=auto", "fairseq": "fairseq's Multi30k recipe", "recipe": "multi30k_en_de",
+          "defaults": "the library defaults", "literature": "the literature's low-resource variant",
+          FIRST: "auto's first rule", NOCASE: "auto before case markup", FIFTH: "auto before its sixth change"}
+MARKERS = "os^vDPXh"  # one a recipe of SCORED, in its order
 
 
 @dataclass(frozen=True)
@@ -312,12 +317,12 @@ def draw_minutes(points: list[tuple[int, str, float]], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.6, 3.8))
-    for marker, recipe in zip("os^vD", SCORED):
+    for marker, recipe in zip(MARKERS, SCORED):
         mine = [(m, b) for m, r, b in points if r == recipe]
         if not mine:
             continue
         (line,) = ax.plot(
-            *zip(*seed_means(mine)), marker=marker, label=recipe, zorder=3, color=f"C{SCORED.index(recipe)}"
+            *zip(*seed_means(mine)), marker=marker, label=LEGEND[recipe], zorder=3, color=f"C{SCORED.index(recipe)}"
         )
         ax.scatter(*zip(*mine), marker=marker, s=14, color=line.get_color(), alpha=0.5, zorder=2)
     ax.set_xlabel("minutes of training (train.max_time)")
@@ -346,10 +351,11 @@ def draw(points: list[tuple[int, int, str, float, str]], out: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(budgets), figsize=(4.2 * len(budgets), 3.6), squeeze=False)
     for ax, minutes in zip(axes[0], budgets):
-        for marker, recipe in zip("os^vD", SCORED):
+        for marker, recipe in zip(MARKERS, SCORED):
             xy = [(p, b) for p, m, r, b, _ in points if m == minutes and r == recipe]
             if xy:
-                ax.scatter(*zip(*xy), marker=marker, s=45, label=recipe, zorder=3, color=f"C{SCORED.index(recipe)}")
+                color = f"C{SCORED.index(recipe)}"
+                ax.scatter(*zip(*xy), marker=marker, s=45, label=LEGEND[recipe], zorder=3, color=color)
         for label in {(p, c) for p, m, _, _, c in points if m == minutes}:
             mine = [b for p, m, _, b, c in points if m == minutes and (p, c) == label]
             higher = [

@@ -1,7 +1,10 @@
 """Validation loss against updates, this project's runs beside fairseq's, in one PNG and a table.
 
     python benchmarks/quality/val_curves.py --ours runs/fsq_replica.s1 --fairseq runs/fairseq.s1 \
-        --out docs/val_curves_fairseq.png
+        --names "this project, fairseq's recipe, seed 1" "fairseq, seed 1" --out docs/val_curves_fairseq.png
+
+`--names` gives each run its legend entry (the `--ours` runs first, then the `--fairseq` ones); without it a run
+is named by its directory.
 
 The two toolkits segment the val set with their own BPE (this project's tokenizer; subword-nmt in fairseq's
 run.sh), so their losses per target token are not comparable. Both are turned into the same unit: nats per
@@ -62,8 +65,16 @@ def main() -> None:
     ap.add_argument("--ours", type=Path, nargs="*", default=[], help="this project's run dirs")
     ap.add_argument("--fairseq", type=Path, nargs="*", default=[], help="run.sh's WORK dirs")
     ap.add_argument("--out", type=Path, required=True, help="the PNG to write")
+    ap.add_argument("--names", nargs="*", default=[], help="a legend entry per run: the --ours runs, then --fairseq")
     ap.add_argument("--title", default="Validation loss: this project's fairseq replica beside fairseq")
     args = ap.parse_args()
+    runs = [*args.ours, *args.fairseq]
+    if args.names and len(args.names) != len(runs):
+        print(f"error: --names gives {len(args.names)} names for {len(runs)} runs: one a run, --ours first",
+              file=sys.stderr)  # fmt: skip
+        sys.exit(2)
+    default = {**{run: f"mt: {run.name}" for run in args.ours}, **{run: f"fairseq: {run.name}" for run in args.fairseq}}
+    names = dict(zip(runs, args.names)) if args.names else default
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,10 +86,10 @@ def main() -> None:
     for kind, paths, read, style in (("mt", args.ours, ours, "-"), ("fairseq", args.fairseq, fairseq, "--")):
         for path in paths:
             points = read(path)
-            table[path.name] = {u: n / words for u, n in points}
+            table[names[path]] = {u: n / words for u, n in points}
             if not points:
                 sys.exit(f"error: {path}: no validation records; see the module docstring")
-            ax.plot([u for u, _ in points], [n / words for _, n in points], style, label=f"{kind}: {path.name}")
+            ax.plot([u for u, _ in points], [n / words for _, n in points], style, label=names[path])
             last = points[-1]
             print(f"{kind:8s} {path}: {len(points)} validations, last at update {last[0]}: "
                   f"{last[1] / words:.4f} nats per reference word")  # fmt: skip
