@@ -566,3 +566,18 @@ def test_the_probe_waits_for_the_device_before_it_stops_the_clock(monkeypatch, c
     events.clear()
     assert trial.rate(2) > 0
     assert events == ["clock", "synchronize cpu", "clock"]
+
+
+def test_on_a_gpu_the_probe_times_the_long_schedules_batch_and_keys_its_figures_by_it(cuda_branches):
+    """At 2,048 tokens a GPU update of the compact model is bound by its kernel launches: the probe would read a
+    fraction of the tokens a second training's 4,096-token batches reach, and the rule would plan a GPU run as a
+    slow machine's. Figures cached from smaller batches are not reused."""
+    from mt.train import auto, probe
+
+    tiny = {"d_model": 16, "n_heads": 2, "d_ff": 32, "encoder_layers": 1, "decoder_layers": 1}
+    trial = probe._Trial(tiny, torch.device("cpu"), "fp32", 64, False)
+    assert probe.CUDA_TOKENS == auto.LONG_TOKENS
+    assert trial.tokens == [probe.CUDA_TOKENS // probe.SENTENCE * probe.SENTENCE]
+    assert sum(int(n) for n in (~trial.batches[0][1]).sum(1)) == trial.tokens[0]  # the batch holds them
+    key = probe.cache_key(("compact", 64, False), tiny, torch.device("cpu"), "fp32")
+    assert f"batch {probe.CUDA_TOKENS}|" in key

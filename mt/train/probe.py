@@ -5,8 +5,8 @@ A point is a shape of auto.SHAPES with the output layer of a BPE vocabulary and,
 layers (attention and activation dropout): at the compact shape's width a 10k output layer costs a fifth of the
 tokens a second a 4k one trains, and the extra layers more than a tenth (docs/experiments/auto.md), so a probe of
 another vocabulary or without them misplans the run. The probe times training updates of the point (forward, the fused
-loss, backward, Adam) on made-up batches of 2,048 padded tokens (sentences of 24 tokens), the points in turn
-(`measure_points`), and reports padded batch tokens per second. Cached in `$MT_CACHE` (default
+loss, backward, Adam) on made-up batches of 2,048 padded tokens (4,096 on a GPU; sentences of 24 tokens), the points
+in turn (`measure_points`), and reports padded batch tokens per second. Cached in `$MT_CACHE` (default
 `~/.cache/mt`)/throughput.json under the machine (CPU model, family and vector extensions, or GPU name), device,
 precision, threads, torch version and point. With `auto.probe=false`, or where the probe cannot run, the rule reads
 `TABLE`: this probe's figures on one 2-vCPU AMD EPYC.
@@ -41,6 +41,11 @@ from mt.train.speeds import TABLE, Point
 log = logging.getLogger(__name__)
 
 TOKENS, SENTENCE, STEPS, ROUNDS = 2_048, 24, 2, 5  # ROUNDS rounds of STEPS timed updates a point
+# A GPU's made-up batch: the long schedule's batch (auto.py's LONG_TOKENS), which a GPU's budget takes. At 2,048
+# tokens a GPU update of these small models is bound by its kernel launches, not its arithmetic: tokens a second
+# would read a fraction of what training's batches reach, and more so for the narrow shapes than the wide ones.
+# (A CPU's time grows with the tokens; TABLE's figures are at TOKENS.)
+CUDA_TOKENS = 4_096
 EXTRAS_DROPOUT = 0.1  # the rule's FLoRes extras (auto.py): attention and activation dropout
 # CPU flags that change how fast torch trains: a "model name" alone does not tell a Zen 3 (AVX2) from a Zen 4.
 VECTOR_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
@@ -79,10 +84,17 @@ def describe_cpu(cpuinfo: str, arch: str) -> str:
            f"{info.get('model', '?')}, {vector})"  # fmt: skip
 
 
+def batch_tokens(device: torch.device) -> int:
+    """The made-up batch's padded tokens on `device`."""
+    return CUDA_TOKENS if runtime.on_cuda(device) else TOKENS
+
+
 def _setting(device: torch.device, precision: str) -> str:
-    """The cache keys' start: the machine, device, precision, threads and torch a figure was measured with."""
+    """The cache keys' start: the machine, device, precision, threads and torch a figure was measured with (and, on
+    a GPU, the made-up batch's size: figures from smaller batches are not reused)."""
     threads = torch.get_num_threads() if device.type == "cpu" else 0
-    return f"{machine(device)}|{device.type}|{precision}|{threads} threads|torch {torch.__version__}|"
+    batch = f"batch {CUDA_TOKENS}|" if runtime.on_cuda(device) else ""
+    return f"{machine(device)}|{device.type}|{precision}|{threads} threads|torch {torch.__version__}|{batch}"
 
 
 def cache_key(point: Point, shape: dict, device: torch.device, precision: str) -> str:
@@ -105,7 +117,7 @@ class _Trial:
         self.model = Transformer(mc, vocab, vocab).to(device).train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4)
         if shapes is None:  # padded tokens a batch: its source tokens (TABLE's and the cache's unit)
-            rows = TOKENS // SENTENCE
+            rows = batch_tokens(device) // SENTENCE
             shapes = [((SENTENCE,) * rows, (SENTENCE,) * rows)]
             self.tokens = [float(rows * SENTENCE)]
         else:  # its sentences x its longest source and target, the two sides averaged (auto.Epoch's unit)
