@@ -92,6 +92,11 @@ def test_every_recipe_gets_its_own_marker_and_a_legend_name_users_know(tmp_path,
     assert "multi30k_en_de" in labels and "recipe" not in labels
 
 
+def row_cells(line: str) -> list[str]:
+    """A markdown table row's cells, the empty ones kept."""
+    return [cell.strip() for cell in line.strip()[1:-1].split("|")]
+
+
 def write_runs(tmp_path: Path, plan: list[tuple[str, int, str]]) -> Path:
     """Run dirs of the point emea_20 as the trials leave them: (recipe, seed, "right" or "worse") each."""
     data = tmp_path / "data"
@@ -129,7 +134,7 @@ def test_the_summary_sets_auto_against_this_projects_recipe_over_the_seeds_both_
     plan = [(r, s, q) for s in (1, 2) for r, q in (("fairseq", "worse"), ("auto", "worse"))] + [("recipe", 1, "right")]
     trials.table(write_runs(tmp_path, plan), plot=None)
     summary = next(line for line in capsys.readouterr().out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
-    delta, p_seeds = summary.rstrip(" |").split(" | ")[-1].split(", ")
+    delta, p_seeds = row_cells(summary)[-2].split(", ")
     assert float(delta) < -10 and p_seeds.endswith("(1)")  # behind the recipe, from seed 1 alone
 
 
@@ -141,7 +146,7 @@ def test_a_seed_without_fairseqs_run_counts_against_the_recipe_only(tmp_path, ca
     assert "| EMEA De->En | 20 | auto | 2 | 200 | 2,000 | 100.00 / 100.00 / 100.00 |  |" in out  # no fairseq column
     summary = next(line for line in out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
     assert summary.startswith("| EMEA De->En | 20 | 1 | 100.00 | ")  # against fairseq's recipe: seed 1 alone
-    assert summary.rstrip(" |").split(" | ")[-1].endswith("(2)")  # against the recipe: both seeds
+    assert row_cells(summary)[-2].endswith("(2)")  # against the recipe: both seeds
 
 
 def test_plans_set_each_auto_runs_plan_against_the_updates_it_made(tmp_path, capsys):
@@ -183,7 +188,18 @@ def test_a_point_fairseq_never_ran_still_sets_auto_against_the_recipe(tmp_path, 
     plan = [(r, s, q) for s in (1, 2) for r, q in (("auto", "right"), ("recipe", "worse"))]
     trials.table(write_runs(tmp_path, plan), plot=None)
     summary = next(line for line in capsys.readouterr().out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
-    cells = summary.strip("| ").split(" | ")
+    cells = row_cells(summary)
     assert cells[:3] == ["EMEA De->En", "20", "2"] and cells[3] == "100.00"  # auto's pooled score, two seeds
     assert cells[4] == "" and float(cells[5]) < 100  # no fairseq score; the recipe's
-    assert cells[-2] == "" and float(cells[-1].split(", ")[0]) > 10 and cells[-1].endswith("(2)")  # vs recipe only
+    assert cells[-3] == "" and float(cells[-2].split(", ")[0]) > 10 and cells[-2].endswith("(2)")  # vs recipe only
+    assert cells[-1] == ""  # the literature's variant did not run
+
+
+def test_the_summary_sets_auto_against_the_literatures_variant_where_it_ran(tmp_path, capsys):
+    # the never-seen corpora: auto, the recipe and the literature's variant, no fairseq run
+    plan = [("auto", 1, "right"), ("recipe", 1, "right"), ("literature", 1, "worse")]
+    trials.table(write_runs(tmp_path, plan), plot=None)
+    summary = next(line for line in capsys.readouterr().out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
+    cells = row_cells(summary)
+    assert cells[2] == "1" and cells[3] == "100.00" and float(cells[3 + trials.SCORED.index("literature")]) < 100
+    assert cells[-2].startswith("+0.00") and float(cells[-1].split(", ")[0]) > 10 and cells[-1].endswith("(1)")

@@ -58,6 +58,7 @@ NOCASE = "nocase"
 # POINT.fifth.sSEED.
 FIFTH = "fifth"
 SCORED = [*RECIPES, FIRST, NOCASE, FIFTH]
+RIVALS = ("recipe", "literature")  # auto is set against each over the seeds both ran, fairseq's run or not
 # What a plot's legend calls each recipe: the names a user of this project knows them by, not the run dirs'.
 LEGEND = {"auto": "+experiment=auto", "fairseq": "fairseq's Multi30k recipe", "recipe": "multi30k_en_de",
           "defaults": "the library defaults", "literature": "the literature's low-resource variant",
@@ -262,24 +263,29 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
                 for n in names[1:]:
                     print(f"| {c.label} | {minutes} | {n} | {'+'.join(map(str, against))} pooled | | | "
                           f"{lc[n]['score']:.2f} | {lc[n]['delta']:+.2f}, {lc[n]['p_bs']:.3f} |")  # fmt: skip
-        # auto against this project's recipe, over the seeds both ran (pooled as above), fairseq's run or not.
-        both = {seed: seeds[seed] for seed in seeds if {"auto", "recipe"} <= ran[seed]}
-        if both:
-            mine = pooled_lc(runs, point, c.split, both, ["recipe", "auto"])
-            lc["auto vs recipe"] = mine["auto"] | {"seeds": len(both)}
-            if not against:  # the scores alone: the fairseq column's difference stays empty
-                lc |= {n: {"score": mine[n]["score"]} for n in ("auto", "recipe")}
+        # auto against this project's recipe and its literature variant, over the seeds both ran (pooled as above),
+        # fairseq's run or not.
+        paired = 0
+        for rival in RIVALS:
+            both = {seed: seeds[seed] for seed in seeds if {"auto", rival} <= ran[seed]}
+            if both:
+                mine = pooled_lc(runs, point, c.split, both, [rival, "auto"])
+                lc[f"auto vs {rival}"] = mine["auto"] | {"seeds": len(both)}
+                if not against:  # the scores alone: the fairseq column's difference stays empty
+                    lc |= {n: {"score": mine[n]["score"]} for n in ("auto", rival)}
+                paired = max(paired, len(both))
         if lc:
-            summary.append((c.label, minutes, len(against) or len(both), lc))
-    print("\nLowercased test BLEU (seeds pooled); auto's difference to fairseq's recipe and to this project's, p:\n")
-    print("| corpus | minutes | seeds | " + " | ".join(SCORED) + " | Δ auto, p | Δ auto against recipe, p (seeds) |")
-    print("|---" * (len(SCORED) + 5) + "|")
+            summary.append((c.label, minutes, len(against) or paired, lc))
+    print("\nLowercased test BLEU (seeds pooled); auto's difference to fairseq's recipe and to the others, p:\n")
+    print("| corpus | minutes | seeds | " + " | ".join(SCORED) + " | Δ auto, p | "
+          + " | ".join(f"Δ auto against {r}, p (seeds)" for r in RIVALS) + " |")  # fmt: skip
+    print("|---" * (len(SCORED) + 4 + len(RIVALS)) + "|")
     for label, minutes, n, lc in summary:
         cells = [f"{lc[r]['score']:.2f}" if r in lc else "" for r in SCORED]
         versus = f"{lc['auto']['delta']:+.2f}, {lc['auto']['p_bs']:.3f}" if "delta" in lc.get("auto", {}) else ""
-        mine = lc.get("auto vs recipe")
-        recipe = f"{mine['delta']:+.2f}, {mine['p_bs']:.3f} ({mine['seeds']})" if mine else ""
-        print(f"| {label} | {minutes} | {n} | " + " | ".join(cells) + f" | {versus} | {recipe} |")
+        rivals = [f"{m['delta']:+.2f}, {m['p_bs']:.3f} ({m['seeds']})" if (m := lc.get(f"auto vs {r}")) else ""
+                  for r in RIVALS]  # fmt: skip
+        print(f"| {label} | {minutes} | {n} | " + " | ".join(cells) + f" | {versus} | " + " | ".join(rivals) + " |")
     if plot is not None and points:
         draw(points, plot)
     curve = [(m, r, b) for p, m, r, b, label in points if label == CORPORA[MINUTES_CORPUS].label]
