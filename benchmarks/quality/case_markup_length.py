@@ -28,7 +28,7 @@ def read(path: Path) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--data", type=Path, default=Path("../shared/data"))
     args = ap.parse_args()
     print("| corpus | BPE | side | tokens a sentence, plain | with case markup | more | marks a sentence |")
