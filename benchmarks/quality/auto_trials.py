@@ -60,9 +60,16 @@ FIFTH = "fifth"
 SCORED = [*RECIPES, FIRST, NOCASE, FIFTH]
 RIVALS = ("recipe", "literature")  # auto is set against each over the seeds both ran, fairseq's run or not
 # What a plot's legend calls each recipe: the names a user of this project knows them by, not the run dirs'.
-LEGEND = {"auto": "+experiment=auto", "fairseq": "fairseq's Multi30k recipe", "recipe": "multi30k_en_de",
-          "defaults": "the library defaults", "literature": "the literature's low-resource variant",
-          FIRST: "auto's first rule", NOCASE: "auto before case markup", FIFTH: "auto before its sixth change"}
+LEGEND = {
+    "auto": "+experiment=auto",
+    "fairseq": "fairseq's Multi30k recipe",
+    "recipe": "multi30k_en_de",
+    "defaults": "the library defaults",
+    "literature": "the literature's low-resource variant",
+    FIRST: "auto's first rule",
+    NOCASE: "auto before case markup",
+    FIFTH: "auto before its sixth change",
+}
 MARKERS = "os^vDPXh"  # one a recipe of SCORED, in its order
 
 
