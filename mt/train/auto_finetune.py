@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,7 +33,7 @@ from mt.config import Config, ModelConfig
 from mt.data import read
 from mt.model import saved
 from mt.runtime import pick_autocast, pick_device
-from mt.train import probe
+from mt.train import auto_ranks, probe
 from mt.train.auto import NOTE, PLAN, Budget, Choice
 from mt.train.auto_record import AUTO_FILE, block, set_key, write_record
 
@@ -175,9 +175,10 @@ def parent_stats(cfg: Config) -> tuple[ModelConfig, FineTuneStats]:
     return model.cfg, FineTuneStats(len(pairs) - held, tokens, model.cfg.d_model, rate, valid, beam, precision)
 
 
-def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budget) -> Config:
+def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budget, ranks: int = 1) -> Config:
     """`cfg` with the fine-tuning rule's choices applied except the command line's, the block of reasons logged and
-    auto.json written (a resumed run reads it back: the recipe it started with)."""
+    auto.json written (a resumed run reads it back: the recipe it started with). `ranks`: torchrun's processes, each
+    at the probed speed, sharing each update's tokens (mt/train/auto_ranks.py)."""
     saved_record = run_dir / AUTO_FILE
     if saved_record.is_file():
         record = json.loads(saved_record.read_text())
@@ -186,8 +187,10 @@ def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budg
     else:
         _, stats = parent_stats(cfg)
         planned = budget()  # less what reading the parent and the probe took
-        choices = choose(stats, planned)
-        record = {"fine_tuning": asdict(stats), "budget": vars(planned), "parent": cfg.train.init_from}
+        choices = auto_ranks.over_ranks(
+            choose(replace(stats, tokens_per_second=stats.tokens_per_second * ranks), planned), ranks
+        )
+        record = {"fine_tuning": asdict(stats), "budget": vars(planned), "parent": cfg.train.init_from, "ranks": ranks}
         source = f"fine-tuning {cfg.train.init_from} on {stats.pairs:,} pairs"
     applied = [
         c for c in choices if c.key not in (NOTE, PLAN) and c.key not in keys and c.key.split(".")[0] not in groups

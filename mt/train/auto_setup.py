@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from mt import runtime
-from mt.config import Config, ConfigError
+from mt.config import Config
 from mt.data import read
 from mt.data.corpus import make_sampler, prepare_data
 from mt.run_dir import resume_path
 from mt.runtime import pick_device
-from mt.train import auto_finetune, probe
+from mt.train import auto_finetune, auto_ranks, probe
 from mt.train.auto import (
     BATCH_TOKENS,
     FREQUENT,
@@ -195,13 +195,21 @@ def saved_record(cfg: Config, run_dir: Path) -> dict | None:
 
 def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float | None = None) -> Config:
     """`cfg` with the rule's choices applied (in place), the block of reasons logged, `auto.json` written.
-    `job_start`: when train.py started (time.time()), whose clock train.max_time counts from."""
-    if world_and_rank()[0] > 1:
-        raise ConfigError("+experiment=auto under torchrun: each process would time its own shapes; run it once on "
-                          f"one process and pass the choices it logs (its {AUTO_FILE}) as overrides")  # fmt: skip
+    `job_start`: when train.py started (time.time()), whose clock train.max_time counts from. Under torchrun rank 0
+    chooses for all ranks (mt/train/auto_ranks.py)."""
+    ranks = world_and_rank()[0]
+    return auto_ranks.agree(cfg, lambda: _configure(cfg, run_dir, overrides, job_start, ranks))
+
+
+def _configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float | None, ranks: int) -> Config:
     keys, groups = explicit(overrides)
     if cfg.train.init_from:  # a fine-tuning run: its own rule (mt/train/auto_finetune.py)
-        return auto_finetune.configure(cfg, run_dir, keys, groups, lambda: budget(cfg, job_start))
+        return auto_finetune.configure(cfg, run_dir, keys, groups, lambda: budget(cfg, job_start), ranks)
+
+    def plan(stats: CorpusStats, planned: Budget, speed: Speed) -> list[Choice]:
+        """The rule's choices with every rank at `speed` (one rank's), the update shared among them."""
+        return auto_ranks.over_ranks(choose(stats, planned, auto_ranks.scaled(speed, ranks)), ranks)
+
     saved = run_dir / AUTO_FILE
     resolve_precision(cfg, pick_device(cfg.train.device), keys)
     record = saved_record(cfg, run_dir)
@@ -219,7 +227,7 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
         speed = probed = Speed(probe.throughput(points, device, precision, probing))
         factor = 1.0
         planned = budget(cfg, job_start)
-        choices = choose(stats, planned, speed)
+        choices = plan(stats, planned, speed)
         measured_at = None  # the epoch measured with the rule's vocabulary (a parent's: estimated)
         for _ in range(3 if not cfg.train.init_from else 0):  # a measured epoch may move the vocabulary
             trial = copy.deepcopy(cfg)
@@ -236,12 +244,13 @@ def configure(cfg: Config, run_dir: Path, overrides: list[str], job_start: float
             measured_at = trial.tokenizer.vocab_size
             planned = budget(cfg, job_start)  # less what BPE and the tokenized cache took
             if probing:  # the probe's figures at the corpus's own batches
-                speed, factor = corrected(probed, choose(stats, planned, probed), stats, device, precision)
+                unsplit = choose(stats, planned, auto_ranks.scaled(probed, ranks))  # (the batch the epochs were cut in)
+                speed, factor = corrected(probed, unsplit, stats, device, precision)
                 planned = budget(cfg, job_start)  # less the factor's seconds
-            choices = choose(stats, planned, speed)
+            choices = plan(stats, planned, speed)
         record = {"corpus": dataclasses.asdict(stats), "budget": vars(planned),
                   "speed": [[*point, rate] for point, rate in speed.points.items()], "batch_factor": factor,
-                  "device": str(device), "probed": probing, "key": run_key(cfg),
+                  "device": str(device), "ranks": ranks, "probed": probing, "key": run_key(cfg),
                   "command_line": sorted(keys | groups)}  # fmt: skip
         for epoch in record["corpus"]["epochs"].values():
             epoch.pop("shapes", None)  # the sample's lengths: the factor stands for them
@@ -293,6 +302,14 @@ def check_plan(run_dir: Path, made: int, probed: bool, precision: str = "fp32") 
     except (RuntimeError, TypeError):
         device = torch.device("cpu")
     ratio = made / plan["updates"]
+    ranks = record.get("ranks", 1)
+    if ranks > 1:  # the probe timed one rank alone: a miss may be the ranks' communication, not the machine's speed
+        if abs(ratio - 1) <= PLAN_TOLERANCE:
+            return None
+        return (f"auto: the plan expected {plan['updates']:,} updates of {ranks} ranks in this budget and the run made "
+                f"{made:,} ({ratio:.2f} of them): the ranks together were not {ranks} x the speed the probe timed on "
+                "one (their gradients' exchange, each rank's smaller batches, or cores they share); the cached "
+                "speeds, one rank's, are left as they are")  # fmt: skip
     if abs(ratio - 1) <= PLAN_TOLERANCE:
         if probed and abs(ratio - 1) >= RESCALE_FROM:
             factor = record.get("batch_factor") or 1.0

@@ -79,6 +79,16 @@ def wait_for_rank0() -> None:
         dist.barrier(group=_waiting_group)
 
 
+def from_rank0(obj):
+    """Rank 0's `obj` on every rank (pickled; the others' `obj` is ignored), waiting in `wait_for_rank0`'s group for
+    as long as rank 0 takes to make it. `obj` itself in one process."""
+    if world_and_rank()[0] == 1:
+        return obj
+    out = [obj]
+    dist.broadcast_object_list(out, src=0, group=_waiting_group)
+    return out[0]
+
+
 def world_and_rank() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_world_size(), dist.get_rank()
