@@ -111,3 +111,15 @@ def test_a_refusal_on_rank_0_stops_every_rank_with_its_line(tmp_path):
     assert p.returncode != 0
     line = "error: +experiment=auto: 900 training pairs, fewer than 1,000"
     assert p.stderr.count(line) == 2, p.stderr[-3000:]  # rank 0's, and rank 1's (not left waiting for a config)
+
+
+def test_a_fine_tuning_update_is_shared_among_the_ranks_too():
+    from mt.train.auto_finetune import FineTuneStats
+    from mt.train.auto_finetune import choose as choose_finetuning
+
+    one = choose_finetuning(FineTuneStats(4_500, 30.0, 512, 2_000.0), Budget(minutes=30))
+    two = over_ranks(choose_finetuning(FineTuneStats(4_500, 30.0, 512, 4_000.0), Budget(minutes=30)), 2)
+    got = {c.key: c.value for c in two}
+    assert {c.key: c.value for c in one}["train.max_tokens"] == 4_096  # one process: 4,096 an update
+    assert got["train.max_tokens"] == 2_048 and "train.accumulate" not in got  # two: 2,048 a rank, one batch each
+    assert got[PLAN]["updates"] > 1.9 * {c.key: c.value for c in one}[PLAN]["updates"]
