@@ -63,7 +63,7 @@ def over_ranks(choices: list[Choice], ranks: int) -> list[Choice]:
 def agree(cfg: Config, configure: Callable[[], Config]) -> Config:
     """The config `configure` makes on rank 0, on every rank (the others wait for it, as for any work rank 0 does
     alone: `distributed.wait_for_rank0`). A refusal on rank 0 (ConfigError) is every rank's, so that all of them
-    stop with its one line rather than wait for a config that never comes (USER_ERRORS: the one-line kinds)."""
+    stop with its one line rather than wait for a config that never comes (and any other exception there, named)."""
     world, rank = distributed.world_and_rank()
     if world == 1:
         return configure()
@@ -71,8 +71,8 @@ def agree(cfg: Config, configure: Callable[[], Config]) -> Config:
     if rank == 0:
         try:
             made = configure()
-        except USER_ERRORS as e:
-            distributed.from_rank0(str(e))
+        except Exception as e:  # (a defect's too: the others must not wait for it)
+            distributed.from_rank0(str(e) if isinstance(e, USER_ERRORS) else f"rank 0 stopped: {e!r}")
             raise
     made = distributed.from_rank0(made)
     if isinstance(made, str):  # rank 0's refusal
