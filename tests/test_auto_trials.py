@@ -203,3 +203,14 @@ def test_the_summary_sets_auto_against_the_literatures_variant_where_it_ran(tmp_
     cells = row_cells(summary)
     assert cells[2] == "1" and cells[3] == "100.00" and float(cells[3 + trials.SCORED.index("literature")]) < 100
     assert cells[-2].startswith("+0.00") and float(cells[-1].split(", ")[0]) > 10 and cells[-1].endswith("(1)")
+
+
+def test_autos_summary_score_is_over_the_most_seeds_it_shares_with_a_rival(tmp_path, capsys):
+    # a second seed of auto and the recipe only (the never-seen corpora): auto's cell pools both seeds, not the one
+    # it shares with the literature's variant
+    plan = [("auto", 1, "right"), ("auto", 2, "worse"), ("recipe", 1, "worse"), ("recipe", 2, "worse")]
+    trials.table(write_runs(tmp_path, [*plan, ("literature", 1, "worse")]), plot=None)
+    summary = next(line for line in capsys.readouterr().out.split("seeds pooled")[1].splitlines() if "EMEA" in line)
+    cells = row_cells(summary)
+    assert cells[2] == "2" and float(cells[5]) < float(cells[3]) < 100  # both seeds of auto, the second worse
+    assert cells[-2].endswith("(2)") and cells[-1].endswith("(1)")

@@ -278,8 +278,10 @@ def table(runs: Path, plot: Path | None, minutes_plot: Path | None = None) -> No
             if both:
                 mine = pooled_lc(runs, point, c.split, both, [rival, "auto"])
                 lc[f"auto vs {rival}"] = mine["auto"] | {"seeds": len(both)}
-                if not against:  # the scores alone: the fairseq column's difference stays empty
-                    lc |= {n: {"score": mine[n]["score"]} for n in ("auto", rival)}
+                if not against:  # the scores alone: the fairseq column's difference stays empty; auto's over the
+                    lc[rival] = {"score": mine[rival]["score"]}  # most seeds it shares with a rival
+                    if len(both) > lc.get("auto", {}).get("seeds", 0):
+                        lc["auto"] = {"score": mine["auto"]["score"], "seeds": len(both)}
                 paired = max(paired, len(both))
         if lc:
             summary.append((c.label, minutes, len(against) or paired, lc))
