@@ -123,3 +123,26 @@ def test_a_fine_tuning_update_is_shared_among_the_ranks_too():
     assert {c.key: c.value for c in one}["train.max_tokens"] == 4_096  # one process: 4,096 an update
     assert got["train.max_tokens"] == 2_048 and "train.accumulate" not in got  # two: 2,048 a rank, one batch each
     assert got[PLAN]["updates"] > 1.9 * {c.key: c.value for c in one}[PLAN]["updates"]
+
+
+def test_rank_0_plans_the_run_with_every_ranks_speed(tmp_path, monkeypatch):
+    import dataclasses
+
+    from mt.config import Config, DataConfig
+    from tests.test_auto import KDE4, KDE4_Z4
+
+    monkeypatch.setattr(auto_setup, "corpus_stats", lambda cfg: dataclasses.replace(KDE4, epochs={}))
+    monkeypatch.setattr(auto_setup, "measure_epochs", lambda cfg, run_dir: (KDE4.epochs, KDE4.pairs))
+    monkeypatch.setattr(auto_setup.probe, "throughput", lambda points, *args: dict(KDE4_Z4.points))
+    monkeypatch.setattr(auto_setup.probe, "batch_factor", lambda *args: 1.0)
+    tokens = {}
+    for ranks in (1, 2):
+        run = tmp_path / str(ranks)
+        cfg = Config(data=DataConfig(name="toy"), run_dir=str(run))
+        cfg.train.max_time = 20
+        auto_setup._configure(cfg, run, [], None, ranks)
+        record = json.loads((run / "auto.json").read_text())
+        updates = next(c["value"]["updates"] for c in record["choices"] if c["key"] == PLAN)
+        assert record["ranks"] == ranks
+        tokens[ranks] = updates * cfg.train.max_tokens * cfg.train.accumulate * ranks  # the run's tokens in all
+    assert tokens[2] > 1.8 * tokens[1]  # two ranks at the probed speed each: about twice the tokens in the budget
