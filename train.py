@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from mt.train import auto_setup, distributed, finetune
 from mt.config import register_configs
 from mt.data.corpus import prepare_data
+from mt.data.read import check_splits
 from mt.errors import USER_ERRORS
 from mt.train.finish import finish
 from mt.run_dir import remove_if_unused
@@ -43,6 +44,7 @@ def main(dcfg: DictConfig) -> None:
         cfg = to_dataclass(dcfg)
         if not cfg.train.progress:  # no bars at all, also none from `datasets` while it reads and maps the corpus
             datasets.disable_progress_bars()
+        cfg.data = check_splits(cfg.data)  # every split's files, before the probe, the BPE and the budget
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         rank = distributed.init_distributed(cfg.train.device, cfg.train.wait_timeout)
         distributed.check_shared_run_dir(run_dir)

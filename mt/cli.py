@@ -92,7 +92,19 @@ def explain(e: BaseException, args: list[str], config_name: str) -> str:
     if m := re.search(r"unknown key '(\w+)'", text):
         options = [f.name for f in dataclasses.fields(schema)]
         return f"+{m.group(1)}: no such section{_close(m.group(1), options)} (the sections: {', '.join(options)})"
+    if m := re.search(r"Missing mandatory value: ([\w.]+)", text):
+        return required(m.group(1))
     return f"{text}; fix the command line (--cfg job prints every key)"
+
+
+def required(key: str) -> str:
+    """What to say of a key the command must give (`???`): a local corpus's languages above all, which have no
+    default (a run with Multi30k's en/de on a German->English corpus would train the wrong direction)."""
+    if key in ("data.src_lang", "data.tgt_lang"):
+        side = "source" if key == "data.src_lang" else "target"
+        return (f"{key} is required: the language of the corpus's {side} files, as in their names (train.de -> de); "
+                "add data.src_lang=.. data.tgt_lang=.. to the command")  # fmt: skip
+    return f"{key} is required; add {key}=... to the command"
 
 
 def without_recipe(args: list[str]) -> str | None:
@@ -126,7 +138,7 @@ def check_command_line(
                 raise ValueError(f"unknown key {unknown[0]!r} (added with +); the keys are {', '.join(cfg.keys())}")
             missing = sorted(OmegaConf.missing_keys(cfg))
             if missing:
-                raise ValueError(f"{missing[0]} is required; add {missing[0]}=... to the command")
+                raise ValueError(required(missing[0]))
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         print(f"error: {explain(e, args, config_name)}", file=sys.stderr)
         sys.exit(2)

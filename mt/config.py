@@ -51,8 +51,9 @@ class DataConfig:
     hub_config: str | None = None
     # Use the hub when `dir` does not exist (e.g. Multi30k for users without the local copy).
     hub_fallback: bool = False
-    src_lang: str = "en"
-    tgt_lang: str = "de"
+    # Required: every data group names its languages (a local corpus's come from the command line).
+    src_lang: str = MISSING
+    tgt_lang: str = MISSING
     # TSV column order, e.g. ["en", "de"].
     columns: list[str] = field(default_factory=list)
     train_split: str = "train"

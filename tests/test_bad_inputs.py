@@ -152,6 +152,16 @@ def _jsonl(bad: str):
     return setup
 
 
+def _utf16(c, r, t):
+    write(c / "train.xx", (c / "train.xx").read_text().encode("utf-16"))
+    return [], None
+
+
+def _test_split_cut(c, r, t):
+    write(c / "test.yy", "\n".join(lines_of(c / "test.yy")[:-2]) + "\n")
+    return [], None
+
+
 def _args(*args):
     return lambda c, r, t: (list(args), None)
 
@@ -601,6 +611,11 @@ ROWS = [
         lambda c, r, t: (["data.directions=[xx-yy]", f"tokenizer.path={r / 'tokenizer.json'}"], None),
         "has no <2yy> token",
     ),
+    # a user's own corpus and paths
+    ("local_without_languages", "train_without_languages", _args(), "data.src_lang is required: the language of"),
+    ("corpus_in_utf16", "train", _utf16, "a UTF-16 file (it starts with UTF-16's byte-order mark)"),
+    ("test_split_line_counts", "train", _test_split_cut, "test.xx has 20 lines but"),
+    ("local_path_like_a_hub_id", "translate", _args("checkpoint=runs/no-such-run"), "runs/no-such-run: no such dir"),
     # fine-tuning (train.init_from)
     ("init_from_missing", "train", _args("train.init_from=/nonexistent/run"), "train.init_from=/nonexistent/run: no"),
     (
@@ -676,6 +691,8 @@ ROWS = [
 def command(entry: str, extra: list[str], corpus: Path, run_dir: Path) -> list[str]:
     if entry == "train":
         return train_args(corpus, run_dir) + extra
+    if entry == "train_without_languages":
+        return [a for a in train_args(corpus, run_dir) if not a.startswith(("data.src_lang=", "data.tgt_lang="))]
     if entry == "serve":
         return ["serve.py", "device=cpu", *extra]
     if entry == "export":

@@ -15,6 +15,9 @@ from mt.config import DataConfig
 from mt.errors import DataError
 
 
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # little- and big-endian
+
+
 def open_binary(path: Path):
     return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
 
@@ -29,11 +32,16 @@ def read_lines(path: Path) -> Iterator[str]:
     try:
         with open_binary(path) as f:
             for lineno, raw in enumerate(f, start=1):  # noqa: B007
+                if lineno == 1 and raw.startswith(UTF16_BOMS):
+                    raise DataError(f"{path}: a UTF-16 file (it starts with UTF-16's byte-order mark); re-encode it "
+                                    f"as UTF-8: iconv -f utf-16 -t utf-8 {path.name} > {path.name}.utf8")  # fmt: skip
                 yield raw.decode("utf-8").rstrip("\n").rstrip("\r")
     except UnicodeDecodeError as e:
+        # latin1 is the usual culprit of stray bytes; a file full of NUL bytes is UTF-16 without its mark
+        encoding = "utf-16" if b"\x00" in e.object else "latin1"
         raise DataError(
             f"{path}:{lineno}: bytes that are not UTF-8 ({e.reason} at byte {e.start} of the line); "
-            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+            f"re-encode the file as UTF-8 (e.g. iconv -f {encoding} -t utf-8)"
         ) from None
     except (gzip.BadGzipFile, EOFError) as e:
         raise DataError(f"{path}: not a readable gzip file ({e}); re-download or gunzip it") from None

@@ -218,6 +218,36 @@ def check_valid_split(cfg: DataConfig) -> None:
                         "data.valid_from_train=500") from None  # fmt: skip
 
 
+def _count_lines(path: Path) -> int:
+    return sum(1 for _ in read_lines(path))
+
+
+def check_splits(cfg: DataConfig) -> DataConfig:
+    """Every split of a local corpus, looked at before any long work (the probe, the BPE, the budget): the training
+    and validation splits as `check_valid_split` does; a test split whose files are missing is left out with a
+    warning (scored nothing is better than a run that trains its whole budget and then stops on a missing file),
+    and one whose two files differ in line count is an error naming both. Returns `cfg` with the test splits that
+    exist."""
+    check_valid_split(cfg)
+    if uses_hub(cfg) or cfg.directions:
+        return cfg
+    present = []
+    for split in cfg.test_splits:
+        try:
+            reader, kwargs = _local_reader(cfg, split)
+        except DataError as e:
+            log.warning("test split %r is left out: %s (name the splits to score with data.test_splits=[...], "
+                        "or [] for none)", split, e)  # fmt: skip
+            continue
+        if reader is _parallel_pairs:
+            n_src, n_tgt = _count_lines(Path(kwargs["src_path"])), _count_lines(Path(kwargs["tgt_path"]))
+            if n_src != n_tgt:
+                raise DataError(f"{kwargs['src_path']} has {n_src} lines but {kwargs['tgt_path']} has {n_tgt}; a "
+                                "test split needs one sentence per line on both sides, in the same order")  # fmt: skip
+        present.append(split)
+    return dataclasses.replace(cfg, test_splits=present)
+
+
 def load_split(cfg: DataConfig, split: str) -> datasets.Dataset:
     """Load one split of the configured corpus as a Dataset of stripped `src`/`tgt` strings."""
     if uses_hub(cfg):

@@ -46,6 +46,11 @@ def looks_like_hub_id(source: str) -> bool:
     return bool(HUB_ID.fullmatch(source)) and not Path(source).exists()
 
 
+def _listing(dir: Path, most: int = 6) -> str:
+    names = sorted(p.name for p in dir.iterdir())
+    return "holds " + ", ".join(names[:most]) + (", ..." if len(names) > most else "") if names else "empty"
+
+
 def fetch(repo_id: str) -> Path:
     """The local snapshot of a Hub model (downloaded into huggingface_hub's cache unless it is there); offline
     without a cached copy, or a name the Hub does not know, is a one-line error."""
@@ -53,15 +58,24 @@ def fetch(repo_id: str) -> Path:
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     patterns = ["*.json", "*.spm", "*.model", "model.safetensors", "pytorch_model.bin"]
+    owner = Path(repo_id.split("/")[0])
+    # `runs/quickstart_en-de` is a local path whose run is not there, not a Hub id: say that, not "download it"
+    if owner.is_dir():
+        local = f"; {owner}/ is a local directory here ({_listing(owner)}): if {repo_id} is yours, check the path"
+    else:  # runs/: where train.py writes, so never a Hub owner's name here
+        local = f"; {owner}/ does not exist here: train first, or check the path" if str(owner) == "runs" else ""
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns))
     except RepositoryNotFoundError:
         raise CheckpointError(f"{repo_id}: no such model on the Hugging Face Hub (or it is private: "
-                              "huggingface-cli login)") from None  # fmt: skip
+                              f"hf auth login){local}") from None  # fmt: skip
     except LocalEntryNotFoundError:
+        if local:
+            raise CheckpointError(f"{repo_id}: no such directory{local}") from None
         raise CheckpointError(f"{repo_id}: not in the Hugging Face cache and the Hub cannot be reached (offline, "
-                              "or HF_HUB_OFFLINE=1); download it where there is network (huggingface-cli download "
-                              f"{repo_id}) or give a local directory") from None  # fmt: skip
+                              "or HF_HUB_OFFLINE=1); download it where there is network (hf download "
+                              f"{repo_id} --local-dir DIR) and give that folder (checkpoint=DIR or "
+                              "train.init_from=DIR)") from None  # fmt: skip
     except (HfHubHTTPError, OSError) as e:
         raise CheckpointError(f"{repo_id}: could not be fetched from the Hugging Face Hub ({type(e).__name__}); "
                               "give a local directory instead") from None  # fmt: skip

@@ -5,6 +5,7 @@ tokenizers. One loader for resuming, translating, serving and exporting."""
 from __future__ import annotations
 
 import json
+import logging
 import pickle
 import re
 import warnings
@@ -22,6 +23,8 @@ from mt.model.transformer import Transformer
 FORMAT_VERSION = 1  # a checkpoint's "format"
 RELEASE_FORMAT = "mt-release-1"  # python -m mt.export release: safetensors + JSON, no pickle
 CT2_FORMAT = "mt-ctranslate2-1"  # python -m mt.export ctranslate2: CTranslate2's model + this toolkit's JSON
+
+log = logging.getLogger(__name__)
 
 
 def _numpy_globals() -> list:
@@ -64,7 +67,7 @@ def load(path: str | Path) -> dict:
     transformers checkpoint (a directory, or a Hub id such as Helsinki-NLP/opus-mt-de-en: mt/model/hub.py)."""
     if hub.looks_like_hub_id(str(path)) or hub.is_transformers_dir(Path(path)):
         return hub.load_transformers(path)
-    path = Path(path)
+    path = given = Path(path)
     weights = path.is_dir() and any((path / n).is_file() for n in hub.WEIGHT_FILES)
     if weights and not (path / "config.json").is_file():
         raise CheckpointError(f"{path}: weights but no config.json; a transformers checkpoint is a directory with "
@@ -90,6 +93,9 @@ def load(path: str | Path) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "model" not in ckpt:
         raise CheckpointError(f"{path}: not a checkpoint of this toolkit (format {FORMAT_VERSION})")
     ckpt["path"] = str(path)
+    if path.name == "checkpoint_last.pt" and given.is_dir():  # neither final nor best: training stopped early
+        log.warning("%s: the run did not finish (no checkpoint_final.pt or checkpoint_best.pt); using its last "
+                    "weights, checkpoint_last.pt (update %s)", given, ckpt.get("update", "?"))  # fmt: skip
     return ckpt
 
 

@@ -1,0 +1,68 @@
+"""What a user meets in the first hour on their own corpus: a missing test split, a run that did not finish, a
+file in another encoding, the licence. (The one-line errors are rows of tests/test_bad_inputs.py.)"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import tomllib
+
+import pytest
+import torch
+
+from mt.data.files import read_lines
+from mt.errors import DataError
+from mt.model.saved import FORMAT_VERSION, load
+from tests.conftest import ROOT, write_toy_corpus
+
+
+def test_a_corpus_without_test_files_trains_and_says_so_before_training(tmp_path):
+    corpus = write_toy_corpus(tmp_path / "corpus")
+    for lang in ("xx", "yy"):
+        (corpus / f"test.{lang}").unlink()
+    args = ["train.py", "data=local", f"data.dir={corpus}", "data.src_lang=xx", "data.tgt_lang=yy",
+            "model=transformer_tiny", "tokenizer.vocab_size=60", "tokenizer.min_frequency=1", "train.max_epochs=1",
+            "train.max_tokens=300", "train.progress=false", "train.device=cpu", "train.tensorboard=false",
+            "decode=greedy", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stderr.splitlines()
+    warned = next(i for i, line in enumerate(lines) if "test split 'test' is left out" in line)
+    assert warned < next(i for i, line in enumerate(lines) if "data: local" in line)  # before the corpus is read
+    assert (tmp_path / "run" / "checkpoint_final.pt").is_file()
+    assert not list((tmp_path / "run").glob("test*.report.json"))
+
+
+def test_a_run_dir_with_only_its_last_checkpoint_is_used_with_a_warning(tmp_path, caplog):
+    torch.save({"format": FORMAT_VERSION, "model": {}, "update": 7}, tmp_path / "checkpoint_last.pt")
+    with caplog.at_level(logging.WARNING):
+        ckpt = load(tmp_path)
+    assert ckpt["path"].endswith("checkpoint_last.pt")
+    assert "the run did not finish" in caplog.text and "update 7" in caplog.text
+    caplog.clear()
+    load(tmp_path / "checkpoint_last.pt")  # named by the user: no warning
+    assert "did not finish" not in caplog.text
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_utf16_is_named_with_the_iconv_that_fixes_it(tmp_path, encoding):
+    path = tmp_path / "train.de"
+    text = "Die Tablette ist rund.\nZweite Zeile.\n"
+    path.write_bytes(("\ufeff" if encoding == "utf-16-be" else "").encode(encoding) + text.encode(encoding))
+    with pytest.raises(DataError, match="iconv -f utf-16 -t utf-8"):
+        list(read_lines(path))
+
+
+def test_utf16_without_its_mark_is_not_called_latin1(tmp_path):
+    path = tmp_path / "train.de"
+    path.write_bytes("Größe\n".encode("utf-16-le"))
+    with pytest.raises(DataError, match="iconv -f utf-16"):
+        list(read_lines(path))
+
+
+def test_the_project_names_its_licence():
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
