@@ -14,7 +14,6 @@ from pathlib import Path
 from mt.config import DataConfig
 from mt.errors import DataError
 
-
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # little- and big-endian
 
 
