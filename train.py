@@ -21,11 +21,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from mt.train import auto_setup, distributed, finetune
+from mt.train import auto_ranks, auto_setup, distill, distill_report, distributed, finetune
 from mt.config import register_configs
 from mt.data.corpus import prepare_data
 from mt.data.read import check_splits
 from mt.errors import USER_ERRORS
+from mt.export.formats import export_ctranslate2
 from mt.train.finish import finish
 from mt.run_dir import remove_if_unused
 from mt.runtime import keep_freed_memory_in_the_heap, prefer_expandable_segments
@@ -50,6 +51,8 @@ def main(dcfg: DictConfig) -> None:
         distributed.check_shared_run_dir(run_dir)
         if rank != 0:
             logging.getLogger().setLevel(logging.WARNING)
+        if cfg.distill.enabled:  # stage 1: the teacher's translations become the training corpora (mt/train/distill.py)
+            cfg = auto_ranks.agree(cfg, lambda: distill.prepare(cfg, run_dir, job_start))
         if cfg.auto.enabled:  # the recipe chosen from the corpus and the budget (mt/train/auto.py)
             cfg = auto_setup.configure(cfg, run_dir, list(HydraConfig.get().overrides.task), job_start)
         # Rank 0 trains the tokenizer and fills the cache (or `python -m mt.prepare` did); the others then reuse both.
@@ -85,7 +88,9 @@ def main(dcfg: DictConfig) -> None:
             if warning := auto_setup.check_plan(run_dir, trainer.update, cfg.auto.probe, precision):
                 log.warning(warning)
         if rank == 0:
-            finish(trainer)
+            finished = finish(trainer)
+            if cfg.distill.enabled and cfg.distill.test_teacher:  # stage 3: the teacher beside the student
+                distill_report.score_teacher(trainer, finished["reports"], export_ctranslate2)
         distributed.wait_for_rank0()  # the other ranks wait for the test reports, then all leave together
         trainer.metrics.close()
     except USER_ERRORS as e:

@@ -266,6 +266,34 @@ class AutoConfig:
     probe: bool = True
 
 
+DISTILL_MIXES = ("both", "distilled")  # distill.mix
+
+
+@dataclass
+class DistillConfig:
+    """`+experiment=distill` (mt/train/distill.py): a small student trained on a teacher's translations (sequence-
+    level knowledge distillation, Kim & Rush 2016)."""
+
+    enabled: bool = False
+    # Anything translate.py's checkpoint= takes: a run dir, a release, a transformers folder or Hub id, or a list of
+    # them [A,B,C] (an ensemble). null = no distillation.
+    teacher: Any = None
+    # More source-language text for the teacher to translate, one sentence a line (plain or .gz), as much as fits
+    # the teacher's share of the budget, in order; null = the training sources only.
+    source_text: str | None = None
+    # What the student trains on: "both" = the original pairs and the teacher's translations of their sources
+    # (and of source_text), mixed; "distilled" = the teacher's translations alone.
+    mix: str = "both"
+    # The largest share of train.max_time the teacher's translating may take; beyond it the run is refused (the
+    # training sources) or the text is cut (distill.source_text).
+    teacher_share: float = 0.5
+    # Where the teacher's translations are kept, one folder per (teacher, text, decoding settings), for every run.
+    cache_dir: str = "runs/teacher_translations"
+    chunk_lines: int = 1000  # lines translated between two records of progress (a resume loses at most these)
+    # The test splits scored with the teacher too, beside the student (report.json's "teacher" and "student").
+    test_teacher: bool = True
+
+
 @dataclass
 class Config:
     data: DataConfig = field(default_factory=DataConfig)
@@ -274,6 +302,7 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     auto: AutoConfig = field(default_factory=AutoConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
     run_dir: str = MISSING
 
 

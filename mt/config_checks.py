@@ -10,6 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from mt.config import (
     BATCH_FORMATIONS,
+    DISTILL_MIXES,
     PRETOKENIZERS,
     Config,
     ConfigError,
@@ -165,6 +166,32 @@ def validate(cfg: Config) -> None:
     if cfg.train.accumulate < 1:
         raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
     validate_decode(cfg.decode)
+    if cfg.distill.enabled:
+        validate_distill(cfg)
+
+
+def validate_distill(cfg: Config) -> None:
+    """What `+experiment=distill` needs: a teacher, one corpus and direction of its own, sane shares."""
+    d = cfg.distill
+    if d.teacher is None:
+        raise ConfigError("+experiment=distill needs a teacher: distill.teacher=RUN_DIR (or a release, a transformers "
+                          "folder or Hub id, or a list [A,B,C] of this project's runs: an ensemble)")  # fmt: skip
+    checkpoint_list(d.teacher)
+    _choice("distill.mix", d.mix, DISTILL_MIXES)
+    for key, why in (("data.corpora", "the teacher's translations are the corpora"),
+                     ("data.directions", "a teacher translates one direction"),
+                     ("auto.enabled", "+experiment=distill plans its own run")):  # fmt: skip
+        if getattr(cfg.data if key.startswith("data.") else cfg.auto, key.split(".")[1]):
+            raise ConfigError(f"+experiment=distill with {key}: {why}; drop one of them")
+    if d.mix == "distilled" and cfg.data.valid_from_train:
+        raise ConfigError("distill.mix=distilled with data.valid_from_train: the validation pairs are held out of "
+                          "the original pairs, which this student does not train on; give a validation split or "
+                          "distill.mix=both")  # fmt: skip
+    if not 0.0 < d.teacher_share < 1.0:
+        raise ConfigError(f"distill.teacher_share={d.teacher_share} is a share of train.max_time; use a value in "
+                          "(0, 1), e.g. 0.5")  # fmt: skip
+    if d.chunk_lines < 1:
+        raise ConfigError(f"distill.chunk_lines={d.chunk_lines} is below its minimum 1")
 
 
 def validate_corpora(cfg: Config) -> None:

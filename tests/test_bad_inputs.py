@@ -386,6 +386,47 @@ def _compare(*args):
     return setup
 
 
+def _distill(*args):
+    """+experiment=distill of the finished run's corpus with `args` ({r}: the finished run, {t}: the row's dir), its
+    teacher's translations cached in the row's dir."""
+
+    def setup(c, r, t):
+        budget = [] if any(a.startswith("train.max_time=") for a in args) else ["train.max_updates=5"]
+        return ["+experiment=distill", f"distill.cache_dir={t / 'teachers'}", f"distill.teacher={r}", *budget,
+                *(a.format(t=t, r=r, c=c) for a in args)], None  # fmt: skip
+
+    return setup
+
+
+def _distill_text(text: bytes):
+    def setup(c, r, t):
+        write(t / "empty.txt", text)
+        return _distill(f"distill.source_text={t / 'empty.txt'}")(c, r, t)
+
+    return setup
+
+
+def _distill_hub(name: str):
+    def setup(c, r, t):
+        from tests.hub_models import hub_model
+
+        return _distill(f"distill.teacher={hub_model(name)}")(c, r, t)
+
+    return setup
+
+
+def _distill_ensemble(c, r, t):
+    """An ensemble of the finished run and a copy of it whose tokenizer numbers two of its pieces the other way."""
+    ckpt = torch.load(r / "checkpoint_final.pt", weights_only=False)
+    tokenizer = json.loads(ckpt["tokenizer"]["src"])
+    vocab = tokenizer["model"]["vocab"]
+    a, b = list(vocab)[-2:]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    ckpt["tokenizer"] = {"src": json.dumps(tokenizer), "tgt": None}
+    torch.save(ckpt, t / "other.pt")
+    return _distill(f"distill.teacher=[{r},{t / 'other.pt'}]")(c, r, t)
+
+
 CK = "checkpoint={run}"  # replaced by the finished run dir
 
 # translate.py answers each line as soon as it is translated (a program that writes a line and waits gets it): a
@@ -616,6 +657,45 @@ ROWS = [
     ("corpus_in_utf16", "train", _utf16, "a UTF-16 file (it starts with UTF-16's byte-order mark)"),
     ("test_split_line_counts", "train", _test_split_cut, "test.xx has 20 lines but"),
     ("local_path_like_a_hub_id", "translate", _args("checkpoint=runs/no-such-run"), "runs/no-such-run: no such dir"),
+    # distillation (+experiment=distill)
+    ("distill_without_teacher", "train", _args("+experiment=distill", "train.max_updates=5"), "needs a teacher"),
+    ("distill_into_another_runs_dir", "train", _distill("train.max_updates=5"), "that is not a distillation"),
+    (
+        "distill_teacher_missing",
+        "train",
+        _distill("distill.teacher=/nonexistent/teacher"),
+        "distill.teacher: /nonexistent/teacher: no such checkpoint",
+    ),  # fmt: skip
+    (
+        "distill_teacher_other_direction",
+        "train",
+        _distill("distill.teacher={r}", "data.src_lang=yy", "data.tgt_lang=xx"),
+        "translates xx->yy, not the corpus's",
+    ),
+    (
+        "distill_nllb_teacher_unknown_language",
+        "train",
+        _distill_hub("nllb"),
+        "distill.teacher: src_lang=xx: this model has no token for that language",
+    ),  # fmt: skip
+    ("distill_ensemble_other_vocabularies", "train", _distill_ensemble, "its target vocabulary differs from"),
+    ("distill_source_text_empty", "train", _distill_text(b"\n\n"), "empty.txt: no text in it"),
+    ("distill_source_text_not_utf8", "train", _distill_text(b"ein Satz\ncaf\xe9\n"), "empty.txt:2"),
+    ("distill_source_text_missing", "train", _distill("distill.source_text={t}/none.txt"), "none.txt: no such file"),
+    (
+        "distill_budget_too_short",
+        "train",
+        _distill("distill.teacher={r}", "train.max_time=0.001"),
+        "give train.max_time=1 or more",
+    ),  # fmt: skip
+    ("distill_mix_unknown", "train", _distill("distill.teacher={r}", "distill.mix=half"), "distill.mix='half'"),
+    (
+        "distill_share_out_of_range",
+        "train",
+        _distill("distill.teacher={r}", "distill.teacher_share=1.5"),
+        "distill.teacher_share=1.5",
+    ),  # fmt: skip
+    ("distill_with_auto", "train", _distill("distill.teacher={r}", "auto.enabled=true"), "with auto.enabled"),
     # fine-tuning (train.init_from)
     ("init_from_missing", "train", _args("train.init_from=/nonexistent/run"), "train.init_from=/nonexistent/run: no"),
     (
