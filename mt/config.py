@@ -292,6 +292,9 @@ class DistillConfig:
     chunk_lines: int = 1000  # lines translated between two records of progress (a resume loses at most these)
     # The test splits scored with the teacher too, beside the student (report.json's "teacher" and "student").
     test_teacher: bool = True
+    # The student's decoding speed over the teacher's that the plan wants (timed before training,
+    # mt/train/distill_probe.py); a student shape under it is warned about. 0 = not timed.
+    min_speedup: float = 5.0
 
 
 @dataclass

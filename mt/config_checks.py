@@ -192,6 +192,8 @@ def validate_distill(cfg: Config) -> None:
                           "(0, 1), e.g. 0.5")  # fmt: skip
     if d.chunk_lines < 1:
         raise ConfigError(f"distill.chunk_lines={d.chunk_lines} is below its minimum 1")
+    if d.min_speedup < 0:
+        raise ConfigError(f"distill.min_speedup={d.min_speedup} is a ratio of speeds; use 0 (not timed) or more")
 
 
 def validate_corpora(cfg: Config) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from mt.config import DistillConfig
 from mt.decode.teacher import Progress, TeacherText
@@ -43,7 +45,7 @@ def student_args(corpus: Path, teacher, run_dir: Path, cache: Path, src="xx", tg
             f"distill.cache_dir={cache / 'teacher'}", "distill.chunk_lines=64", "model=transformer_tiny",
             "tokenizer.vocab_size=80", "tokenizer.min_frequency=1", "train.max_updates=12", "train.valid_every=6",
             "train.valid_bleu=false", "train.progress=false", "train.device=cpu", "train.tensorboard=false",
-            "train.average_last=0", "decode=greedy", f"run_dir={run_dir}", *extra]  # fmt: skip
+            "train.average_last=0", "train.cooldown=0", "decode=greedy", f"run_dir={run_dir}", *extra]  # fmt: skip
 
 
 def chunked(translator: Translator, lines: list[str], chunk: int) -> list[str]:
@@ -76,6 +78,12 @@ def test_the_student_learns_from_the_teachers_translations_and_the_report_puts_t
     # stage 2: the original pairs and the teacher's, one BPE over both
     assert "the student trains on local + teacher0" in log
     assert "tokenizer: trained BPE on" in log
+    assert re.search(
+        r"distill plan: the student \(model=transformer_tiny, 0.0M parameters, untrained\) decodes "
+        r"[\d.]+x the teacher's sentences/s here \(64 training sources, beam 4, \d+ tokens each\)",
+        log,
+    )
+    assert record["student_speedup"]["ratio"] > 0
     # stage 3: the teacher's translations of the test split are translate.py's, scored beside the student's
     test_sources = (corpus / "test.xx").read_text().splitlines()
     assert (run_dir / "test.teacher.hyp").read_text().splitlines() == teacher.translate(test_sources)
@@ -101,6 +109,23 @@ def test_a_second_student_of_the_same_teacher_starts_at_stage_2(toy_run, distill
     assert "teacher: 200 / 200 lines" not in p.stderr and "200 of 200 lines translated" in p.stderr
     assert {p.name: p.stat().st_mtime_ns for p in folder.glob("*.*[!k]")} == before and len(before) == 4
     assert not (tmp_path / "second" / "test.teacher.hyp").exists()
+
+
+def test_stage_2_stopped_and_resumed_ends_where_the_uninterrupted_run_does(toy_run, distilled, tmp_path):
+    """A student stopped at update 6 and started again with the same teacher: stage 1 is not redone (its record is
+    kept), and training ends bitwise where the student of `distilled` (12 updates in one go) ended."""
+    from mt.model import saved
+
+    corpus, cache, straight, _ = distilled
+    args = student_args(corpus, toy_run, tmp_path / "run", cache, "xx", "yy", "distill.test_teacher=false")
+    train([*args, "train.max_updates=6"])
+    record = (tmp_path / "run" / "distill.json").read_text()
+    p = train([*args, "train.max_updates=12"])
+    assert "resumed from" in p.stderr and "distill plan" not in p.stderr
+    assert (tmp_path / "run" / "distill.json").read_text() == record
+    a, b = saved.load(straight / "checkpoint_last.pt"), saved.load(tmp_path / "run" / "checkpoint_last.pt")
+    assert a["update"] == b["update"] == 12
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
 KILLED = """

@@ -67,6 +67,9 @@ NOT_RUN = {
     "python -m mt.export transformers runs/opus_my_corpus opus-mt-de-en-mine/": "needs the run above "
     "(tests/test_hub_import.py exports the same way)",
     "python serve.py checkpoint=RUN_DIR port=8080": "serves until stopped (tests/test_serve_team.py starts serve.py)",
+    "python train.py +experiment=distill distill.teacher=runs/big data=local data.dir=my_corpus data.src_lang=de "
+    "data.tgt_lang=en train.max_time=120": "needs a trained teacher and two hours (tests/test_distill.py runs "
+    "+experiment=distill end to end with tiny teachers)",
     "python -m pytest -q": "the suite itself",
 }
 

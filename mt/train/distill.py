@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from dataclasses import asdict
+from itertools import islice
 from pathlib import Path
 
 from mt.config import Config, ConfigError, CorpusConfig, checkpoint_list
@@ -32,6 +33,7 @@ from mt.errors import USER_ERRORS, DataError
 from mt.model import saved
 from mt.runtime import pick_device
 from mt.train.checkpoint import resume_path
+from mt.train.distill_probe import SAMPLE, SpeedProbe, speed_ratio
 
 log = logging.getLogger(__name__)
 RECORD = "distill.json"  # the run dir's record of stage 1: the teacher, the caches, the lines, the speed
@@ -111,18 +113,22 @@ def prepare(cfg: Config, run_dir: Path, job_start: float) -> Config:
         first = caches[0].fill(translate, texts[0][2], min(d.chunk_lines, 200), n_train, d.chunk_lines)
         rate = first.lines_per_s
     wanted = plan(cfg, texts, caches, rate, job_start, resuming)
+    probe = check_speed(cfg, teacher, texts[0][2]) if d.min_speedup and not resuming else None
     if started and not resuming:
         raise ConfigError(f"run_dir={run_dir} holds the checkpoints of a run that is not a distillation (it has no "
                           f"{RECORD}); give another run_dir")  # fmt: skip
     record = {"teacher": [c["path"] for c in teacher_ckpts(teacher)], "decode": asdict(teacher.decode),
               "lines_per_s": rate, "texts": []}  # fmt: skip
+    if probe is not None:
+        record["student_speedup"] = asdict(probe)
     for (what, _, lines, total), cache, n in zip(texts, caches, wanted):
         start = time.perf_counter()
         done = cache.fill(translate, lines, n, total, d.chunk_lines)
         log.info("teacher: %s: %s of %s lines translated (%s, this run %s)", what, f"{done.lines:,}", f"{total:,}",
                  cache.dir, minutes(time.perf_counter() - start))  # fmt: skip
         record["texts"].append({"text": what, "cache": str(cache.dir), "lines": done.lines, "total": total})
-    (run_dir / RECORD).write_text(json.dumps(record, indent=1) + "\n")
+    if not resuming:  # a resumed run trains on what the record says
+        (run_dir / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     corpora = [CorpusConfig(name=f"teacher{i}", format="parallel", dir=str(c.dir), src_lang=cfg.data.src_lang,
                             tgt_lang=cfg.data.tgt_lang, train_split="train")
                for i, c in enumerate(caches) if c.progress().lines]  # fmt: skip
@@ -131,6 +137,19 @@ def prepare(cfg: Config, run_dir: Path, job_start: float) -> Config:
     cfg.data.corpora = corpora
     log.info("distill: the student trains on %s", " + ".join(c.name for c in corpora))
     return cfg
+
+
+def check_speed(cfg: Config, teacher: Translator, lines) -> SpeedProbe:
+    """The student's shape timed against the teacher (mt/train/distill_probe.py), logged; under
+    `distill.min_speedup` a warning names what makes it faster."""
+    probe = speed_ratio(teacher, cfg.model, cfg.tokenizer.vocab_size, list(islice(lines(), SAMPLE)))
+    log.info("distill plan: %s", probe.describe(cfg.model.name))
+    if probe.ratio < cfg.distill.min_speedup:
+        log.warning("distill: the student is not %gx faster than its teacher here (%.1fx): a smaller student "
+                    "(model.d_model, model.decoder_layers, tokenizer.vocab_size) or a larger teacher is what "
+                    "distillation is for; distill.min_speedup=0 stops this check", cfg.distill.min_speedup,
+                    probe.ratio)  # fmt: skip
+    return probe
 
 
 def teacher_ckpts(teacher: Translator) -> list[dict]:
