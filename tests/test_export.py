@@ -53,6 +53,37 @@ def test_ctranslate2_export_decodes_token_for_token(toy_vocab, tmp_path, model):
     assert EOS not in sum(theirs, [])
 
 
+def test_ctranslate2_decodes_every_line_in_one_call_and_each_under_its_own_limit(toy_vocab, tmp_path):
+    """CTranslate2 is called as its users call it, once over every line with the largest length limit; the lines
+    that reach their own limit there are decoded again under it: the outputs are those of one call per limit."""
+    from mt.decode.ct2 import CTranslate2Model
+    from mt.export.formats import write_ctranslate2
+
+    pairs, vocabs = toy_vocab
+    m = train_tiny(vocabs, pairs)
+    engine = CTranslate2Model(write_ctranslate2(m, vocabs, tmp_path / "ct2", None, {"decode": {}}), torch.device("cpu"))
+    src = sources(vocabs)
+    calls = []
+    translate_batch = engine.translator.translate_batch
+    engine.translator = type("Counting", (), {"translate_batch": lambda self, lines, **kw: calls.append(
+        (len(lines), kw["max_decoding_length"])) or translate_batch(lines, **kw)})()  # fmt: skip
+    for beam, a, b in ((1, 1.2, 3), (4, 1.2, 3), (4, 3.0, 10)):
+        cfg = DecodeConfig(beam_size=beam, nbest=min(beam, 2), max_len_a=a, max_len_b=b)
+        calls.clear()
+        mine = engine.translate_ids(src, cfg)
+        limits = [max(1, int((len(s) + 1) * a + b)) for s in src]
+        assert calls[0] == (len(src), max(limits) - 1)  # every line in the first call
+        groups = {n: [i for i, m in enumerate(limits) if m == n] for n in set(limits)}
+        one_per_limit = {}
+        for rows in groups.values():  # as it was: one call per limit
+            for i, h in zip(rows, engine.translate_ids([src[i] for i in rows], cfg)):
+                one_per_limit[i] = h
+        assert [[h.tokens for h in hs] for hs in mine] == [
+            [h.tokens for h in one_per_limit[i]] for i in range(len(src))
+        ]
+    assert len(calls) > 1  # some lines were held to their own, smaller limit (a = 1.2)
+
+
 def test_exporting_leaves_the_model_as_it_was(toy_vocab, tmp_path):
     """The spec's arrays are copies: CTranslate2's int8 quantization rewrites them in place."""
     from mt.export.formats import write_ctranslate2

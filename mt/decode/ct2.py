@@ -82,45 +82,53 @@ class CTranslate2Model:
         hypotheses start with (CTranslate2's target_prefix). Sampling draws from CTranslate2's own generator: its
         `set_random_seed` (called with `cfg.seed`) does not reach the translator's worker threads (CTranslate2
         issue 1757), so samples are not reproducible as this project's are."""
-        alpha = cfg.length_penalty  # CTranslate2 applies it as score / len^alpha, whatever length_penalty_type says
-        groups: dict[int, list[int]] = defaultdict(list)
         out: list[list[Hypothesis]] = [[Hypothesis([], 0.0, 0.0)] * cfg.nbest for _ in src_ids]  # empty in, empty out
-        for i, ids in enumerate(src_ids):
-            if not ids:
-                continue
-            limit = min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), output_cap(self, cfg))
-            groups[max(1, limit)].append(i)
-        tgt_vocab = self.vocabs.tgt
-        sampling = {}
+        limits = {i: max(1, min(math.floor((len(ids) + 1) * cfg.max_len_a + cfg.max_len_b), output_cap(self, cfg)))
+                  for i, ids in enumerate(src_ids) if ids}  # fmt: skip
         if cfg.sampling:
             require_ctranslate2().set_random_seed(cfg.seed)
-            sampling = dict(sampling_topk=cfg.topk, sampling_topp=cfg.topp, sampling_temperature=cfg.temperature)
         sources, targets, lead = self.framed(src_ids, prefixes, framing)
-        for limit, rows in groups.items():
-            prefix = [targets[i] for i in rows] if targets else None
-            results = self.translator.translate_batch(
-                [sources[i] for i in rows],
-                target_prefix=prefix,
-                max_batch_size=cfg.max_tokens,
-                batch_type="tokens",
-                beam_size=cfg.beam_size,
-                num_hypotheses=cfg.nbest,
-                length_penalty=alpha,
-                max_decoding_length=max(1, limit - 1 + lead),  # tokens before </s>, as the limit counts </s>
-                min_decoding_length=cfg.min_len,
-                disable_unk=cfg.no_unk,
-                max_input_length=0,
-                return_scores=True,
-                **sampling,
-            )
-            for i, r in zip(rows, results):
-                out[i] = [
-                    Hypothesis(
-                        [tgt_vocab.token_to_id(t) for t in tokens[lead:]], score, score if not alpha else math.nan
-                    )
-                    for tokens, score in zip(r.hypotheses, r.scores)
-                ]
+        # One call over every line, as CTranslate2's users call it (its own batching, one length limit: the
+        # largest); a line whose output reaches its own limit is decoded again under it, with the others of that
+        # limit: only there does the limit change the search, so every line gets what it would alone.
+        rows = list(limits)
+        done = self._decode(rows, sources, targets, lead, max(limits.values(), default=1), cfg)
+        again: dict[int, list[int]] = defaultdict(list)
+        for i, hyps in zip(rows, done):
+            out[i] = hyps
+            if any(len(h.tokens) >= limits[i] - 1 for h in hyps):
+                again[limits[i]].append(i)
+        for limit, group in again.items():
+            for i, hyps in zip(group, self._decode(group, sources, targets, lead, limit, cfg)):
+                out[i] = hyps
         return out
+
+    def _decode(self, rows: list[int], sources, targets, lead: int, limit: int, cfg: DecodeConfig):
+        """The hypotheses of the lines `rows` under one length limit (</s> counted), by one translate_batch."""
+        if not rows:
+            return []
+        alpha = cfg.length_penalty
+        sampling = {}
+        if cfg.sampling:
+            sampling = dict(sampling_topk=cfg.topk, sampling_topp=cfg.topp, sampling_temperature=cfg.temperature)
+        results = self.translator.translate_batch(
+            [sources[i] for i in rows],
+            target_prefix=[targets[i] for i in rows] if targets else None,
+            max_batch_size=cfg.max_tokens,
+            batch_type="tokens",
+            beam_size=cfg.beam_size,
+            num_hypotheses=cfg.nbest,
+            length_penalty=alpha,
+            max_decoding_length=max(1, limit - 1 + lead),  # tokens before </s>, as the limit counts </s>
+            min_decoding_length=cfg.min_len,
+            disable_unk=cfg.no_unk,
+            max_input_length=0,
+            return_scores=True,
+            **sampling,
+        )
+        tgt_vocab = self.vocabs.tgt
+        return [[Hypothesis([tgt_vocab.token_to_id(t) for t in tokens[lead:]], score, score if not alpha else math.nan)
+                 for tokens, score in zip(r.hypotheses, r.scores)] for r in results]  # fmt: skip
 
     def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[float]:
         """The log-probability of each target given its source (</s> included), by CTranslate2's score_batch."""
