@@ -4,6 +4,7 @@ file in another encoding, the licence. (The one-line errors are rows of tests/te
 from __future__ import annotations
 
 import logging
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -33,6 +34,27 @@ def test_a_corpus_without_test_files_trains_and_says_so_before_training(tmp_path
     assert warned < next(i for i, line in enumerate(lines) if "data: local" in line)  # before the corpus is read
     assert (tmp_path / "run" / "checkpoint_final.pt").is_file()
     assert not list((tmp_path / "run").glob("test*.report.json"))
+    # the closing line's example is a sentence of the source language (the first training source), not English
+    first = (corpus / "train.xx").read_text().splitlines()[0]
+    assert lines[-1].endswith(f"translate with it: echo {shlex.quote(first)} | python translate.py "
+                              f"checkpoint={tmp_path / 'run'}")  # fmt: skip
+
+
+def test_a_run_fine_tuned_from_nllb_translates_into_its_own_target_language():
+    """A multilingual model (NLLB) that a run fine-tuned De->En translates into English with no tgt_lang given,
+    as its source is the run's data.src_lang; the model itself, without a run's languages, still asks for one."""
+    from mt.config import ConfigError
+    from mt.decode.translator import Translator, decode_settings
+    from tests.hub_models import hub_model
+
+    ckpt = load(hub_model("nllb"))
+    with pytest.raises(ConfigError, match="tgt_lang is needed"):
+        Translator.open([ckpt], decode_settings({}, {}), torch.device("cpu"), "fp32", src_lang="de").target_id()
+    ckpt["config"] = {**(ckpt.get("config") or {}), "data": {"src_lang": "de", "tgt_lang": "en"}}
+    translator = Translator.open([ckpt], decode_settings({}, {}), torch.device("cpu"), "fp32")
+    assert translator.tgt_lang == "en"
+    assert translator.translate(["Eine Tablette am Tag."]) == Translator.load(
+        hub_model("nllb"), src_lang="de", tgt_lang="en").translate(["Eine Tablette am Tag."])  # fmt: skip
 
 
 def test_a_run_dir_with_only_its_last_checkpoint_is_used_with_a_warning(tmp_path, caplog):

@@ -120,8 +120,26 @@ class Translator:
         translator.source_lang = src_lang or translator.source_lang
         if tgt_lang is not None:
             translator.target_id(tgt_lang)  # an unknown language fails now, before any input is read
-        translator.tgt_lang = tgt_lang
+        translator.tgt_lang = tgt_lang or translator.run_target()
         return translator
+
+    def run_target(self) -> str | None:
+        """The target language of a multilingual model that a run fine-tuned in one direction (its `data.tgt_lang`,
+        as `data.src_lang` is its source), where the model needs one and knows it; else None."""
+        run_data = (self.checkpoint.get("config") or {}).get("data") or {}
+        lang = run_data.get("tgt_lang")
+        if not lang or run_data.get("directions"):
+            return None
+        try:
+            self.target_id()
+            return None  # the model needs no target language (a bilingual one)
+        except ConfigError:
+            pass
+        try:
+            self.target_id(lang)
+        except ConfigError:
+            return None
+        return lang
 
     def framing(self, tgt_lang: str | None = None) -> Framing:
         """The model's special ids and language tokens for a translation into `tgt_lang` (default: the

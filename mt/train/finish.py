@@ -60,7 +60,7 @@ def finish(trainer) -> dict:
             trainer, trainer.cfg.data.test_splits, "the parent, before fine-tuning", model=parent, suffix=".before"
         )
         reports += evaluate_splits(trainer, [], tag, extra=finetune.parent_test_splits(trainer.run_dir))
-    for line in where_it_went(run_dir, reports):
+    for line in where_it_went(run_dir, reports, lambda: first_source(trainer.cfg)):
         log.info("%s", line)
     return {"checkpoint": tag, "reports": reports}
 
@@ -77,9 +77,18 @@ def auto_recipe(run_dir: Path) -> dict:
     return {"recipe": "+experiment=auto (auto.json): " + ", ".join(f"{k}={v}" for k, v in chosen.items())}
 
 
-def where_it_went(run_dir: Path, reports: list[dict]) -> list[str]:
+def first_source(cfg) -> str:
+    """The first source sentence of the training split (the example of a run without a test split)."""
+    try:
+        return next(s for s, _ in read.TextPairs.of_split(cfg.data, cfg.data.train_split) if s.strip())
+    except (StopIteration, read.DataError, OSError):
+        return ""
+
+
+def where_it_went(run_dir: Path, reports: list[dict], fallback=lambda: "") -> list[str]:
     """The run's last lines: where the model is, its test scores, and the command that translates with it (a
-    sentence of its first test split as the example)."""
+    sentence of its first test split as the example; without one, `fallback()`, a sentence in the source
+    language)."""
     here = Path.cwd().resolve()
     shown = run_dir.resolve()
     shown = shown.relative_to(here) if shown.is_relative_to(here) else shown
@@ -87,7 +96,7 @@ def where_it_went(run_dir: Path, reports: list[dict]) -> list[str]:
              f"{shown})"]  # fmt: skip
     lines += [f"test {r['name']}: BLEU {r['bleu']:.2f}, lowercased BLEU {r['bleu_lowercase']:.2f}, chrF "
               f"{r['chrf']:.2f} ({r['name']}.report.md)" for r in reports]  # fmt: skip
-    example = next((x["source"] for r in reports for x in r["examples"]["best"]), "A dog runs on the beach.")
+    example = next((x["source"] for r in reports for x in r["examples"]["best"]), None) or fallback() or "Hello."
     lines.append(
         f"translate with it: echo {shlex.quote(example)} | python translate.py checkpoint={shlex.quote(str(shown))}"
     )
