@@ -55,6 +55,9 @@ def main(dcfg: DictConfig) -> None:
             cfg = auto_ranks.agree(cfg, lambda: distill.prepare(cfg, run_dir, job_start))
         if cfg.auto.enabled:  # the recipe chosen from the corpus and the budget (mt/train/auto.py)
             cfg = auto_setup.configure(cfg, run_dir, list(HydraConfig.get().overrides.task), job_start)
+            if cfg.auto.dry_run:
+                log.info("auto.dry_run: the plan is above and in %s; nothing trained", run_dir / "auto.json")
+                return
         # Rank 0 trains the tokenizer and fills the cache (or `python -m mt.prepare` did); the others then reuse both.
         parent = finetune.load_parent(cfg, run_dir) if cfg.train.init_from else None
         if parent is not None:  # its architecture and tokenizer

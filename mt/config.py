@@ -264,6 +264,9 @@ class AutoConfig:
     enabled: bool = False
     # Time the candidate model shapes on this machine (seconds, cached); false: mt/train/probe.py's table
     probe: bool = True
+    # Check, probe and plan, log the plan and write auto.json, then stop without training (a later run in the same
+    # run dir trains with that plan).
+    dry_run: bool = False
 
 
 DISTILL_MIXES = ("both", "distilled")  # distill.mix

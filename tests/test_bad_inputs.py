@@ -741,6 +741,7 @@ ROWS = [
     ),
     ("auto_without_budget", "train", _args("+experiment=auto"), "+experiment=auto chooses the recipe for a budget"),
     ("auto_probe_not_bool", "train", _args("+experiment=auto", "auto.probe=maybe"), "auto.probe"),
+    ("auto_dry_run_not_bool", "train", _args("+experiment=auto", "auto.dry_run=perhaps"), "auto.dry_run"),
     ("batching_unknown", "train", _args("data.batching=sorted"), "data.batching='sorted' is not one of pools, fixed"),
     (
         "batching_fixed_with_bpe_dropout",

@@ -88,3 +88,22 @@ def test_the_project_names_its_licence():
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "MIT" and project["license-files"] == ["LICENSE"]
+
+
+def test_auto_dry_run_plans_and_trains_nothing(tmp_path):
+    """`auto.dry_run=true`: the checks, the plan logged and auto.json written, exit 0, no checkpoint; the same
+    command without it then trains with that plan."""
+    from tests.test_distill import opus_corpus
+
+    corpus = opus_corpus(tmp_path / "corpus", 1200)
+    run_dir = tmp_path / "run"
+    args = ["train.py", "+experiment=auto", "auto.probe=false", "data=local", f"data.dir={corpus}",
+            "data.src_lang=de", "data.tgt_lang=en", "train.max_updates=3", "train.progress=false", "train.device=cpu",
+            f"data.cache_dir={tmp_path / 'cache'}", f"run_dir={run_dir}"]  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, *args, "auto.dry_run=true"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, env=env)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "auto.dry_run: the plan is above" in p.stderr and "plan:" in p.stderr
+    assert (run_dir / "auto.json").is_file() and not list(run_dir.glob("checkpoint*.pt"))
+    assert "training stopped" not in p.stderr
