@@ -386,6 +386,26 @@ def _compare(*args):
     return setup
 
 
+def _opus_names(c, r, t):
+    for lang in ("xx", "yy"):
+        (c / f"train.{lang}").rename(c / f"EMEA.xx-yy.{lang}")
+    return [], None
+
+
+def _as_tsv(with_id: bool):
+    """The corpus as TSV files (`with_id`: an id column first, which data.columns=[xx,yy] does not name)."""
+
+    def setup(c, r, t):
+        for split in ("train", "valid", "test"):
+            pairs = zip(lines_of(c / f"{split}.xx"), lines_of(c / f"{split}.yy"))
+            write(c / f"{split}.tsv", "".join(f"{i}\t" * with_id + f"{a}\t{b}\n" for i, (a, b) in enumerate(pairs)))
+            for lang in ("xx", "yy"):
+                (c / f"{split}.{lang}").unlink()
+        return (["data.format=tsv", "data.columns=[xx,yy]"] if with_id else []), None
+
+    return setup
+
+
 def _distill(*args):
     """+experiment=distill of the finished run's corpus with `args` ({r}: the finished run, {t}: the row's dir), its
     teacher's translations cached in the row's dir."""
@@ -656,6 +676,9 @@ ROWS = [
     ("local_without_languages", "train_without_languages", _args(), "data.src_lang is required: the language of"),
     ("corpus_in_utf16", "train", _utf16, "a UTF-16 file (it starts with UTF-16's byte-order mark)"),
     ("test_split_line_counts", "train", _test_split_cut, "test.xx has 20 lines but"),
+    ("opus_moses_file_names", "train", _opus_names, "data.train_split=EMEA.xx-yy"),
+    ("a_folder_of_tsv_files", "train", _as_tsv(False), "the folder holds train.tsv: add data.format=tsv"),
+    ("tsv_with_an_unnamed_column", "train", _as_tsv(True), "3 tab-separated fields but data.columns names 2"),
     ("local_path_like_a_hub_id", "translate", _args("checkpoint=runs/no-such-run"), "runs/no-such-run: no such dir"),
     # distillation (+experiment=distill)
     ("distill_without_teacher", "train", _args("+experiment=distill", "train.max_updates=5"), "needs a teacher"),

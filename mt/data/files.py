@@ -8,6 +8,7 @@ translate.py and `mt.compare`, start without importing `datasets` (about a secon
 from __future__ import annotations
 
 import gzip
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,10 +63,27 @@ def find_split(dir: Path, split: str, lang: str) -> Path:
     for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
         if (dir / name).is_file():
             return dir / name
+    hint = layout_hint(dir, split, lang)
     raise DataError(
-        f"{dir / f'{split}.{lang}'}[.gz]: no such file; check data.dir, the split name and the language "
-        f"(files there: {', '.join(sorted(p.name for p in dir.iterdir())[:12]) if dir.is_dir() else 'none'})"
+        f"{dir / f'{split}.{lang}'}[.gz]: no such file; "
+        + (hint or "check data.dir, the split name and the language")
+        + f" (files there: {', '.join(sorted(p.name for p in dir.iterdir())[:12]) if dir.is_dir() else 'none'})"
     )
+
+
+def layout_hint(dir: Path, split: str, lang: str) -> str | None:
+    """What to set for a folder laid out otherwise: a TSV of the split, or OPUS's Moses files (EMEA.de-en.de)."""
+    if not dir.is_dir():
+        return None
+    if any((dir / f"{split}.tsv{gz}").is_file() for gz in ("", ".gz")):
+        return f"the folder holds {split}.tsv: add data.format=tsv data.columns=[..] (its columns' languages in order)"
+    opus = re.compile(rf"[^.]+\.[\w-]+-[\w-]+\.{re.escape(lang)}(\.gz)?")  # NAME.de-en.de
+    moses = sorted(p.name for p in dir.iterdir() if opus.fullmatch(p.name))
+    if moses:
+        name = moses[0].removesuffix(".gz").removesuffix(f".{lang}")
+        return (f"the folder holds OPUS's {moses[0]}: name its split, e.g. data.train_split={name} (data.valid_split, "
+                "data.test_splits for the others)")  # fmt: skip
+    return None
 
 
 def split_path(cfg: DataConfig, split: str, lang: str) -> Path | None:

@@ -48,7 +48,7 @@ def _parallel_pairs(src_path: str, tgt_path: str, fingerprint: str) -> Iterator[
         yield {"src": s.strip(), "tgt": t.strip()}
 
 
-def _tsv_pairs(path: str, src_col: int, tgt_col: int, fingerprint: str) -> Iterator[dict]:
+def _tsv_pairs(path: str, src_col: int, tgt_col: int, columns: int, fingerprint: str) -> Iterator[dict]:
     del fingerprint
     for lineno, line in enumerate(read_lines(Path(path)), start=1):
         fields = line.split("\t")
@@ -57,6 +57,9 @@ def _tsv_pairs(path: str, src_col: int, tgt_col: int, fingerprint: str) -> Itera
                 f"{path}:{lineno}: {len(fields)} tab-separated field(s), expected at least "
                 f"{max(src_col, tgt_col) + 1}; fix the line or data.columns"
             )
+        if len(fields) > columns:  # an unnamed column (an id first?) would be read as a language
+            raise DataError(f"{path}:{lineno}: {len(fields)} tab-separated fields but data.columns names {columns}; "
+                            "name every column in order, e.g. data.columns=[id,de,en]")  # fmt: skip
         yield {"src": fields[src_col].strip(), "tgt": fields[tgt_col].strip()}
 
 
@@ -134,6 +137,7 @@ def _tsv_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
         "path": str(path),
         "src_col": cfg.columns.index(cfg.src_lang),
         "tgt_col": cfg.columns.index(cfg.tgt_lang),
+        "columns": len(cfg.columns),
     }
     kwargs["fingerprint"] = _fingerprint(path, reads=f"tsv columns {kwargs['src_col']} -> {kwargs['tgt_col']}")
     return _tsv_pairs, kwargs
