@@ -44,7 +44,8 @@ class CorpusConfig:
 class DataConfig:
     name: str = MISSING
     # "parallel": {dir}/{split}.{lang}[.gz]; "tsv": {dir}/{split}.tsv (columns in `columns`);
-    # "jsonl": {dir}/{split}.jsonl ({"en": .., "de": ..} or {"translation": {..}}); "hub": load_dataset(hub_name).
+    # "jsonl": {dir}/{split}.jsonl ({"en": .., "de": ..} or {"translation": {..}}); "tmx": {dir}/{split}.tmx[.gz]
+    # (a translation memory, mt/data/tmx.py); "hub": load_dataset(hub_name).
     format: str = "parallel"
     dir: str | None = None
     hub_name: str | None = None

@@ -56,7 +56,7 @@ def validate_model_options(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Reject values the type system lets through but the code cannot use."""
-    _choice("data.format", cfg.data.format, ("parallel", "tsv", "jsonl", "hub"))
+    _choice("data.format", cfg.data.format, ("parallel", "tsv", "jsonl", "tmx", "hub"))
     _choice("data.batching", cfg.data.batching, BATCH_FORMATIONS)
     if cfg.data.batching == "fixed" and (cfg.data.corpora or cfg.train.bpe_dropout):
         what = (
@@ -206,7 +206,7 @@ def validate_corpora(cfg: Config) -> None:
     for i, c in enumerate(cfg.data.corpora):
         where = f"data.corpora[{i}]"
         if c.format is not None:
-            _choice(f"{where}.format", c.format, ("parallel", "tsv", "jsonl", "hub"))
+            _choice(f"{where}.format", c.format, ("parallel", "tsv", "jsonl", "tmx", "hub"))
         if not c.weight > 0:
             raise ConfigError(f"{where}.weight={c.weight}: give a weight above 0 (pairs per epoch per pair)")
         if c.tag is not None and not (len(c.tag) > 2 and c.tag[0] == "<" and c.tag[-1] == ">" and " " not in c.tag):

@@ -406,6 +406,19 @@ def _as_tsv(with_id: bool):
     return setup
 
 
+def _tmx_of(src: str | None, tgt: str | None):
+    """A TMX training file of other languages (None: not XML at all), with data.format=tmx."""
+
+    def setup(c, r, t):
+        pairs = zip(lines_of(c / "train.xx"), lines_of(c / "train.yy"))
+        from tests.test_first_hour import tmx
+
+        write(c / "train.tmx", tmx(list(pairs), (src, tgt)) if src else "train.xx\tnot xml <\n")
+        return ["data.format=tmx", "data.valid_from_train=20", "data.test_splits=[]"], None
+
+    return setup
+
+
 def _distill(*args):
     """+experiment=distill of the finished run's corpus with `args` ({r}: the finished run, {t}: the row's dir), its
     teacher's translations cached in the row's dir."""
@@ -679,6 +692,8 @@ ROWS = [
     ("opus_moses_file_names", "train", _opus_names, "data.train_split=EMEA.xx-yy"),
     ("a_folder_of_tsv_files", "train", _as_tsv(False), "the folder holds train.tsv: add data.format=tsv"),
     ("tsv_with_an_unnamed_column", "train", _as_tsv(True), "3 tab-separated fields but data.columns names 2"),
+    ("tmx_without_the_languages", "train", _tmx_of("de", "en"), "no translation unit holds both xx and yy"),
+    ("tmx_not_xml", "train", _tmx_of(None, None), "train.tmx: not well-formed XML"),
     ("local_path_like_a_hub_id", "translate", _args("checkpoint=runs/no-such-run"), "runs/no-such-run: no such dir"),
     # distillation (+experiment=distill)
     ("distill_without_teacher", "train", _args("+experiment=distill", "train.max_updates=5"), "needs a teacher"),

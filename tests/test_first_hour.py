@@ -107,3 +107,39 @@ def test_auto_dry_run_plans_and_trains_nothing(tmp_path):
     assert "auto.dry_run: the plan is above" in p.stderr and "plan:" in p.stderr
     assert (run_dir / "auto.json").is_file() and not list(run_dir.glob("checkpoint*.pt"))
     assert "training stopped" not in p.stderr
+
+
+def tmx(pairs: list[tuple[str, str]], langs=("en-GB", "DE-de")) -> str:
+    units = "".join(f'<tu><tuv xml:lang="{langs[0]}"><seg>{a}</seg></tuv><tuv xml:lang="{langs[1]}"><seg>{b}</seg>'
+                    "</tuv></tu>\n" for a, b in pairs)  # fmt: skip
+    head = '<?xml version="1.0" encoding="UTF-8"?>\n<tmx version="1.4"><header srclang="en"/><body>\n'
+    return f"{head}{units}</body></tmx>\n"
+
+
+def test_a_translation_memory_is_a_corpus(tmp_path):
+    """data.format=tmx: pairs by xml:lang's primary subtag (en-GB is en), formatting codes left out, units without
+    both languages skipped; a whole run trains and tests on TMX files."""
+    from mt.config import DataConfig
+    from mt.data.read import TextPairs
+
+    units = [("The <bpt i=\"1\">&lt;b&gt;</bpt>dose<ept i=\"1\">&lt;/b&gt;</ept> is <hi>high</hi>.",
+              "Die Dosis ist hoch.")]  # fmt: skip
+    text = tmx(units).replace("</body>", '<tu><tuv xml:lang="en"><seg>alone</seg></tuv></tu></body>')
+    (tmp_path / "train.tmx").write_text(text)
+    dc = DataConfig(name="tm", format="tmx", dir=str(tmp_path), src_lang="en", tgt_lang="de")
+    assert list(TextPairs.of_split(dc, "train")) == [("The dose is high.", "Die Dosis ist hoch.")]
+
+    corpus = write_toy_corpus(tmp_path / "corpus")
+    for split in ("train", "valid", "test"):
+        pairs = zip(*((corpus / f"{split}.{lang}").read_text().splitlines() for lang in ("xx", "yy")))
+        (corpus / f"{split}.tmx").write_text(tmx(list(pairs), ("xx", "yy")))
+        for lang in ("xx", "yy"):
+            (corpus / f"{split}.{lang}").unlink()
+    args = ["train.py", "data=local", "data.format=tmx", f"data.dir={corpus}", "data.src_lang=xx", "data.tgt_lang=yy",
+            "model=transformer_tiny", "tokenizer.vocab_size=60", "tokenizer.min_frequency=1", "train.max_updates=3",
+            "train.progress=false", "train.device=cpu", "decode=greedy", f"run_dir={tmp_path / 'run'}",
+            f"data.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
+    p = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "local/train: 200 pairs read" in p.stderr and (tmp_path / "run" / "test.report.json").is_file()

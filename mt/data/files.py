@@ -75,6 +75,8 @@ def layout_hint(dir: Path, split: str, lang: str) -> str | None:
     """What to set for a folder laid out otherwise: a TSV of the split, or OPUS's Moses files (EMEA.de-en.de)."""
     if not dir.is_dir():
         return None
+    if any((dir / f"{split}.tmx{gz}").is_file() for gz in ("", ".gz")):
+        return f"the folder holds {split}.tmx: add data.format=tmx"
     if any((dir / f"{split}.tsv{gz}").is_file() for gz in ("", ".gz")):
         return f"the folder holds {split}.tsv: add data.format=tsv data.columns=[..] (its columns' languages in order)"
     opus = re.compile(rf"[^.]+\.[\w-]+-[\w-]+\.{re.escape(lang)}(\.gz)?")  # NAME.de-en.de

@@ -19,6 +19,7 @@ import datasets
 import numpy as np
 
 from mt.config import CorpusConfig, DataConfig
+from mt.data import tmx
 from mt.data.files import find_split, read_lines
 from mt.errors import DataError
 
@@ -198,10 +199,17 @@ def uses_hub(cfg: DataConfig) -> bool:
     return cfg.format == "hub" or (cfg.hub_fallback and (cfg.dir is None or not Path(cfg.dir).is_dir()))
 
 
+def _tmx_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
+    path = tmx.tmx_path(dir, split)
+    reads = f"tmx {tmx.primary(cfg.src_lang)} -> {tmx.primary(cfg.tgt_lang)}"
+    return tmx.tmx_pairs, {"path": str(path), "src": cfg.src_lang, "tgt": cfg.tgt_lang,
+                           "fingerprint": _fingerprint(path, reads=reads)}  # fmt: skip
+
+
 def _local_reader(cfg: DataConfig, split: str) -> Reader:
     if cfg.dir is None or not Path(cfg.dir).is_dir():
         raise DataError(f"data.dir={cfg.dir!r} is not a directory; point data.dir at the corpus")
-    reader = {"parallel": _parallel_reader, "tsv": _tsv_reader, "jsonl": _jsonl_reader}[cfg.format]
+    reader = {"parallel": _parallel_reader, "tsv": _tsv_reader, "jsonl": _jsonl_reader, "tmx": _tmx_reader}[cfg.format]
     return reader(Path(cfg.dir), split, cfg)
 
 
