@@ -258,3 +258,39 @@ def test_the_characters_that_become_unk_are_named(tmp_path):
     seen = finetune.tokenization(vocabs, new)
     assert seen["source"]["unk_share"] > 0 and seen["target"]["unk_share"] > 0
     assert seen["unknown_characters"] == "•µ"  # most frequent first
+
+
+def fake_parent(kind: str, d_model: int) -> finetune.Parent:
+    """A parent as learning_rate reads it: its format and width."""
+    from types import SimpleNamespace
+
+    from mt.model import hub
+
+    fmt = hub.HUB_FORMAT if kind == "transformers" else "run"
+    return finetune.Parent({"format": fmt}, SimpleNamespace(cfg=SimpleNamespace(d_model=d_model)), None)
+
+
+@pytest.mark.parametrize("schedule, lr, warmup", [("noam", 5e-4, 4000), ("constant", 4e-3, 100)])
+def test_a_transformers_parent_fine_tunes_at_a_fine_tuning_rate(schedule, lr, warmup, caplog):
+    """Without train.lr, a transformers parent gets 5e-5 x sqrt(512 / d_model) (not the finetune preset's 4e-3, not
+    noam's from-scratch peak), said in the log; train.lr on the command line wins."""
+    from mt.config import TrainConfig
+
+    tc = TrainConfig(schedule=schedule, lr=lr, warmup=warmup)
+    with caplog.at_level("INFO", logger="mt.train.finetune"):
+        out = finetune.learning_rate(tc, fake_parent("transformers", 1024), set())
+    assert out.lr == pytest.approx(5e-5 * math.sqrt(0.5)) and out.schedule == "constant" and out.warmup == 100
+    assert "a fine-tuning rate for a transformers parent of d_model 1024" in caplog.text
+    mine = finetune.learning_rate(replace(tc, lr=1e-4), fake_parent("transformers", 1024), {"train.lr"})
+    assert mine.lr == 1e-4 and mine.schedule == schedule
+
+
+def test_noam_says_it_does_not_read_train_lr(caplog):
+    """A fine-tuning run under noam (the default schedule) trains at noam's rate whatever train.lr says: the log
+    says so and how to fine-tune at a rate of one's own."""
+    from mt.config import TrainConfig
+
+    with caplog.at_level("INFO", logger="mt.train.finetune"):
+        out = finetune.learning_rate(TrainConfig(lr=1e-5), fake_parent("run", 512), {"train.lr"})
+    assert out.schedule == "noam"
+    assert "train.lr=1e-05 is not used" in caplog.text and "train.schedule=constant train.lr=" in caplog.text

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from mt.config import Config, ModelConfig
 from mt.data import read
 from mt.model import saved
 from mt.runtime import pick_autocast, pick_device
-from mt.train import auto_ranks, probe
+from mt.train import auto_ranks, finetune, probe
 from mt.train.auto import NOTE, PLAN, Budget, Choice
 from mt.train.auto_record import AUTO_FILE, block, set_key, write_record
 
@@ -41,7 +40,6 @@ log = logging.getLogger(__name__)
 
 MIN_UPDATES = 300  # the budget's tokens are cut into batches so that it holds this many updates
 BATCH_RANGE = (1_024, 4_096)  # train.max_tokens: padded tokens an update
-BASE_LR, BASE_WIDTH, MAX_LR = 5e-5, 512, 1e-3
 WARMUP_SHARE, WARMUP_RANGE = 0.06, (10, 1_000)
 PATIENCE, BLEU_SUBSET = 3, 200
 # Validations share at most this much of the budget (their loss over the held-out pairs, their BLEU's beam search
@@ -88,7 +86,7 @@ def choose(stats: FineTuneStats, budget: Budget) -> list[Choice]:
     else:
         batch, updates, how, n_valid = BATCH_RANGE[1], budget.updates, "train.max_updates", MAX_VALIDATIONS
     epochs = updates * batch / max(stats.pairs * stats.tokens_per_pair, 1)
-    lr = min(BASE_LR * math.sqrt(BASE_WIDTH / stats.d_model), MAX_LR)
+    lr = finetune.pretrained_lr(stats.d_model)
     warmup = int(min(max(WARMUP_SHARE * updates, WARMUP_RANGE[0]), WARMUP_RANGE[1]))
     every = max(10, updates // n_valid)
     plan = {"updates": updates, "epochs": round(epochs, 1)}

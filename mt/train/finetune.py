@@ -14,18 +14,20 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 from mt import errors, runtime
-from mt.config import Config, ConfigError, DataConfig, DecodeConfig
+from mt.config import Config, ConfigError, DataConfig, DecodeConfig, TrainConfig
 from mt.data import read
 from mt.data.tokenizer import Vocabs
 from mt.model import hub, saved
 from mt.model.transformer import Transformer
 from mt.train.ema import WeightEMA
 from mt.train.records import PARENT_FILE, read_parent, test_scores
+from mt.train.schedules import noam_lr
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,16 @@ SHAPE_KEYS = ("d_model", "n_heads", "d_ff", "encoder_layers", "decoder_layers", 
               "output_bias", "mask_pad_logit", "pad_id", "unk_id", "decoder_start_id", "eos_id")  # fmt: skip
 PARTS = ("embeddings", "encoder", "decoder")  # what train.freeze may name
 UNK_WARNING = 0.005  # share of <unk> tokens in the new data above which the log names the characters
+# A transformers parent (OPUS-MT, NLLB) ends its training at a small rate; a from-scratch rate (the finetune preset's
+# 4e-3, noam's peak) moves its weights far from it. Its rate, as transformers' translation examples fine-tune d 512 to
+# 1,024 (2e-5 to 5e-5): 5e-5 x sqrt(512 / d_model), at most 1e-3 (also +experiment=auto's, mt/train/auto_finetune.py).
+PRETRAINED_LR, PRETRAINED_WIDTH, MAX_PRETRAINED_LR = 5e-5, 512, 1e-3
+PRETRAINED_WARMUP = 100  # the warm-up that replaces noam's 4,000 updates under such a rate
+
+
+def pretrained_lr(d_model: int) -> float:
+    """The fine-tuning rate of a transformers parent of width `d_model`."""
+    return min(PRETRAINED_LR * math.sqrt(PRETRAINED_WIDTH / d_model), MAX_PRETRAINED_LR)
 
 
 @dataclass
@@ -130,7 +142,35 @@ def adopt(cfg: Config, parent: Parent, overrides: list[str]) -> Config:
     ignored = sorted(k for k in given if k.startswith("tokenizer.") and k != "tokenizer.path")
     if ignored:
         log.warning("%s: ignored; a fine-tuning run segments its data with the parent's tokenizer", ", ".join(ignored))
-    return dataclasses.replace(cfg, model=model, tokenizer=tokenizer, decode=parent_decoding(cfg, parent, given))
+    train = cfg.train if cfg.auto.enabled else learning_rate(cfg.train, parent, given)  # (auto planned its own)
+    return dataclasses.replace(cfg, model=model, tokenizer=tokenizer, train=train,
+                               decode=parent_decoding(cfg, parent, given))  # fmt: skip
+
+
+def learning_rate(tc: TrainConfig, parent: Parent, given: set[str]) -> TrainConfig:
+    """The rate a fine-tuning run trains at, said in the log with its reason. A transformers parent gets its
+    fine-tuning rate (`pretrained_lr`; under noam, a constant one after a short warm-up) unless the command line gives
+    train.lr; noam's rate, which does not read train.lr, is named as the from-scratch rate it is."""
+    d_model = parent.model.cfg.d_model
+    if parent.ckpt["format"] == hub.HUB_FORMAT and not given & {"train.lr", "train"}:
+        noam = tc.schedule == "noam"
+        schedule = "constant" if noam and "train.schedule" not in given else tc.schedule
+        warmup = min(tc.warmup, PRETRAINED_WARMUP) if noam and "train.warmup" not in given else tc.warmup
+        tc = dataclasses.replace(tc, lr=pretrained_lr(d_model), schedule=schedule, warmup=warmup)
+        if schedule != "noam":
+            log.info("train.lr=%.3g (%s schedule, %d warm-up updates): a fine-tuning rate for a transformers parent of "
+                     "d_model %d, 5e-5 x sqrt(512 / d_model) as transformers' translation examples use; train.lr= sets "
+                     "another", tc.lr, schedule, warmup, d_model)  # fmt: skip
+            return tc
+    if tc.schedule == "noam":
+        peak = noam_lr(tc.warmup, d_model, tc.warmup, tc.noam_scale)
+        unused = f"train.lr={tc.lr:g} is not used: " if "train.lr" in given else ""
+        log.warning("%sfine-tuning at the noam schedule's rate, a from-scratch one (peak %.2g at update %d, from "
+                    "d_model %d); train.schedule=constant train.lr=... (or +experiment=finetune) fine-tunes at a rate "
+                    "of your own", unused, peak, tc.warmup, d_model)  # fmt: skip
+    else:
+        log.info("fine-tuning at train.lr=%g (%s schedule, %d warm-up updates)", tc.lr, tc.schedule, tc.warmup)
+    return tc
 
 
 def parent_decoding(cfg: Config, parent: Parent, given: set[str]) -> DecodeConfig:
