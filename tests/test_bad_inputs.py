@@ -284,9 +284,9 @@ def _transformers_export(c, r, t):
     return [f"checkpoint={t / 'hf'}"], "a dog\n"
 
 
-def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *args):
+def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *args, tokenizer: dict | None = None):
     """A copy of a tiny transformers checkpoint (tests/hub_models.py) without the file `drop`, or with `config`'s
-    keys in its config.json, given to translate.py with `args`."""
+    keys in its config.json (`tokenizer`'s in its tokenizer_config.json), given to translate.py with `args`."""
 
     def setup(c, r, t):
         from tests.hub_models import hub_model
@@ -294,9 +294,10 @@ def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *a
         shutil.copytree(hub_model(name), t / "hf")
         if drop:
             (t / "hf" / drop).unlink()
-        if config:
-            path = t / "hf" / "config.json"
-            path.write_text(json.dumps({**json.loads(path.read_text()), **config}))
+        for file, keys in (("config.json", config), ("tokenizer_config.json", tokenizer)):
+            if keys:
+                path = t / "hf" / file
+                path.write_text(json.dumps({**json.loads(path.read_text()), **keys}))
         return [f"checkpoint={t / 'hf'}", *args], "Eine Tablette am Tag.\n"
 
     return setup
@@ -656,8 +657,14 @@ ROWS = [
     (
         "transformers_nllb_without_src_lang",
         "translate",
-        _hub_copy("nllb", None, None, "tgt_lang=en"),
+        _hub_copy("nllb", None, None, "tgt_lang=en", tokenizer={"src_lang": None, "tgt_lang": None}),
         "src_lang is needed by this multilingual model",
+    ),  # fmt: skip
+    (
+        "transformers_nllb_legacy_behaviour",
+        "translate",
+        _hub_copy("nllb", None, None, tokenizer={"legacy_behaviour": True}),
+        "tokenizer_config.json sets legacy_behaviour: true",
     ),  # fmt: skip
     (
         "transformers_embedding_norm",

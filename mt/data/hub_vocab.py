@@ -31,6 +31,9 @@ from mt.data.tokenizer import Framing, Specials, Vocab, Vocabs
 from mt.errors import TokenizerError
 
 MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
+SLOW_TOKENIZER_FILES = (
+    "sentencepiece.bpe.model",
+)  # NLLB's SentencePiece model, which transformers' slow tokenizer reads
 HUB_TOKENIZER_FILE = "hub_tokenizer.json"  # beside the files of an export of this toolkit: their family and ids
 NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")  # eng_Latn, deu_Latn, ...
 MARIAN_CODE = re.compile(r">>[^<>\s]+<<")  # >>fra<<, >>pt_br<<, ...
@@ -274,7 +277,10 @@ def read_hub_tokenizers(dir: Path, specials: Specials, where: str) -> HubVocabs:
             raise TokenizerError(f"{where}: target_vocab.json is missing (tokenizer_config.json says separate_vocabs)")
         return hub_vocabs("marian", files, specials)
     if (dir / "tokenizer.json").is_file():
-        return hub_vocabs("tokenizers", {"tokenizer.json": text("tokenizer.json")} | {n: text(n) for n in extra},
-                          specials)  # fmt: skip
+        files = {"tokenizer.json": text("tokenizer.json")} | {n: text(n) for n in extra}
+        for name in SLOW_TOKENIZER_FILES:  # not read here; kept for the export back (the slow tokenizer reads it)
+            if (dir / name).is_file():
+                files[name] = base64.b64encode((dir / name).read_bytes()).decode()
+        return hub_vocabs("tokenizers", files, specials)
     raise TokenizerError(f"{where}: no tokenizer files (tokenizer.json, or Marian's {', '.join(MARIAN_FILES)}); "
                          "copy them from the model's page beside config.json")  # fmt: skip

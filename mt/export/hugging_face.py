@@ -38,11 +38,16 @@ from torch import Tensor
 from mt.config import ConfigError, DecodeConfig
 from mt.data.tokenizer import BOS, EOS, PAD, PAPER_FRAMING, SPECIALS, UNK, Framing, Vocabs
 from mt.decode.search import output_cap
+from mt.errors import TokenizerError
 from mt.export.export_dir import export_dir
 from mt.export.model_card import model_card
 from mt.model import hf_format, saved
 from mt.model.transformer import Transformer
+from mt.train.records import hub_record
 
+# config.json keys of an imported model that this project does not model (training-time settings): written back
+# with the checkpoint's own values rather than transformers' defaults.
+CARRIED = ("encoder_layerdrop", "decoder_layerdrop", "init_std", "classifier_dropout", "tokenizer_class")
 PROBE_TOLERANCE = 1e-4  # largest |logit difference| accepted on the probe batch (float32 sums in another order)
 CLASSES = {"marian": ("MarianConfig", "MarianMTModel"), "pegasus": ("PegasusConfig", "PegasusForConditionalGeneration"),
            "m2m_100": ("M2M100Config", "M2M100ForConditionalGeneration")}  # fmt: skip
@@ -85,23 +90,27 @@ def permutation(d_model: int) -> Tensor:
     return torch.cat([torch.arange(0, d_model, 2), torch.arange(1, d_model, 2)])
 
 
-def hf_config(model: Transformer):
-    """The transformers config of `model` (hf_format.config_dict: Marian, Pegasus or M2M100)."""
+def hf_config(model: Transformer, parent: dict | None = None):
+    """The transformers config of `model` (hf_format.config_dict: Marian, Pegasus or M2M100), with the values of
+    `CARRIED` keys an imported model's own config.json held (`parent`)."""
     transformers = require_transformers()
     kind = hf_format.hf_kind(model.cfg)
-    return getattr(transformers, CLASSES[kind][0])(**hf_format.config_dict(model.cfg, model.src_vocab, model.tgt_vocab))
+    carried = {k: v for k, v in (parent or {}).items() if k in CARRIED}
+    config = hf_format.config_dict(model.cfg, model.src_vocab, model.tgt_vocab) | carried
+    return getattr(transformers, CLASSES[kind][0])(**config)
 
 
-def generation_config(model: Transformer, decode: DecodeConfig, imported: bool = False):
+def generation_config(model: Transformer, decode: DecodeConfig, imported: bool = False, target: int | None = None):
     """This run's decoding as transformers spells it. Its length limit is one number for every line (the model's
     positions, or decode.max_len); this project's `max_len_a * source + max_len_b` per line is the caller's
     `max_new_tokens`. An imported model's keeps its generation config's keys (length^alpha, its stopping rule,
-    renormalized scores, <pad> banned)."""
+    renormalized scores, <pad> banned) and forces its target-language token first (`target`: NLLB's)."""
     transformers = require_transformers()
     sp = model.specials
     if imported:
         extra = {"bad_words_ids": [[sp.pad]]} if model.cfg.mask_pad_logit else {}
         extra |= {"renormalize_logits": True} if decode.renormalize else {}
+        extra |= {"forced_bos_token_id": target} if target is not None else {}
         beam = dict(length_penalty=decode.length_penalty, early_stopping=decode.early_stopping)
         return transformers.GenerationConfig(
             num_beams=decode.beam_size, **(beam if decode.beam_size > 1 else {}), **extra,
@@ -140,19 +149,42 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
     return {k: v.detach().float().contiguous().clone() for k, v in sd.items()}
 
 
-def hf_model(model: Transformer, decode: DecodeConfig, imported: bool = False):
+def hf_model(model: Transformer, decode: DecodeConfig, imported: bool = False, target: int | None = None,
+             parent: dict | None = None):  # fmt: skip
     """The transformers model computing what `model` computes (eval mode, float32)."""
     transformers = require_transformers()
     cls = getattr(transformers, CLASSES[hf_format.hf_kind(model.cfg)][1])
-    hf = cls(hf_config(model)).eval()
+    hf = cls(hf_config(model, parent)).eval()
     missing, unexpected = hf.load_state_dict(hf_state_dict(model), strict=False)
     # The position tables are computed from the config, the output bias is zeros: nothing else may be left out.
     left = [k for k in missing if "embed_positions" not in k and k != "final_logits_bias"]
     if left or unexpected:
         raise ConfigError(f"this transformers version names the weights otherwise (missing {left[:3]}, "
                           f"unexpected {unexpected[:3]}); pip install 'transformers>=5'")  # fmt: skip
-    hf.generation_config = generation_config(model, decode, imported)
+    hf.generation_config = generation_config(model, decode, imported, target)
     return hf
+
+
+def run_languages(vocabs, data: dict, where: str) -> dict[str, str]:
+    """An imported NLLB model's source and target codes as the run reads and writes (data.src_lang / tgt_lang, in
+    any spelling: de, deu_Latn), in the checkpoint's spelling; {} for a model without language tokens."""
+    if vocabs.family != "tokenizers" or not vocabs.languages:
+        return {}
+    out = {}
+    for key in ("src_lang", "tgt_lang"):
+        if data.get(key):
+            try:
+                out[key] = vocabs.src.id_to_token(vocabs.language_id(data[key], key))
+            except TokenizerError as e:
+                raise ConfigError(f"{where}: {e}") from None
+    return out
+
+
+def write_languages(staging: Path, codes: dict[str, str]) -> None:
+    """tokenizer_config.json's src_lang / tgt_lang set to the run's pair (the tokenizer frames sources with it)."""
+    path = staging / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    path.write_text(json.dumps({**config, **codes}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 @torch.no_grad()
@@ -239,7 +271,10 @@ def export_transformers(source: str, out_dir: Path, license: str | None = None) 
     decode = DecodeConfig(**{k: v for k, v in (config.get("decode") or {}).items() if k in known})
     model.eval()
     imported = vocabs.family != "bpe"
-    hf = hf_model(model, decode, imported)
+    codes = run_languages(vocabs, config.get("data") or {}, source) if imported else {}
+    target = vocabs.src.token_to_id(codes["tgt_lang"]) if "tgt_lang" in codes else None
+    parent = hub_record(ckpt).get("config") if imported else None
+    hf = hf_model(model, decode, imported, target, parent)
     diff = probe_difference(model, hf)
     if diff > PROBE_TOLERANCE:
         raise ConfigError(f"{source}: the transformers model's logits differ by {diff:.2g} from this model's "
@@ -249,12 +284,15 @@ def export_transformers(source: str, out_dir: Path, license: str | None = None) 
     require_transformers().utils.logging.disable_progress_bar()  # no bar for a one-file write
     with export_dir(out_dir, "transformers", Path(ckpt["path"])) as staging:
         hf.save_pretrained(staging)
-        if imported:  # its own tokenizer files, as it came
+        if imported:  # its own tokenizer files, as it came, framing the run's pair
             vocabs.save(staging)
+            if codes:
+                write_languages(staging, codes)
         else:
             hf_tokenizer(vocabs, model.cfg.max_positions).save_pretrained(staging)
-        exported = (f"Exported with `python -m mt.export transformers` as `{architecture}` (weights permuted into its "
-                    f"feature order; largest logit difference on a probe batch {diff:.1e}).")  # fmt: skip
+        how = "weights as read" if imported else "weights permuted into its feature order"
+        exported = (f"Exported with `python -m mt.export transformers` as `{architecture}` ({how}; largest logit "
+                    f"difference on a probe batch {diff:.1e}).")  # fmt: skip
         card = model_card(ckpt, model, out_dir.resolve().name, library="transformers", use=use_lines(decode),
                           license=license, exported=exported)  # fmt: skip
         (staging / "README.md").write_text(card, encoding="utf-8")

@@ -10,7 +10,9 @@ from pathlib import Path
 import yaml
 
 from mt.model.transformer import Transformer
-from mt.train.records import read_parent, run_files, test_reports
+from mt.train.records import hub_record, read_parent, run_files, test_reports
+
+PARENT_SUFFIX = ".before"  # a fine-tuning run's report of its parent on the same split (mt/train/finish.py)
 
 
 def task_languages(data: dict, report: dict) -> list[str]:
@@ -45,6 +47,7 @@ def front_matter(data: dict, reports: list[dict], name: str, library: str = "mt"
             ],
         }
         for r in reports
+        if not r["name"].endswith(PARENT_SUFFIX)  # the parent's scores are not this model's results
     ]
     meta = {"language": languages, "tags": ["translation"], "metrics": ["bleu", "chrf"], "library_name": library}
     if library == "transformers":
@@ -66,10 +69,29 @@ def parent_lines(run_dir: Path) -> list[str]:
             + (f", whose test scores were: {scores}." if scores else ".")]  # fmt: skip
 
 
-def licence_lines(license: str | None) -> list[str]:
+def licence_lines(license: str | None, hub: dict) -> list[str]:
     if license is None:
         return ["- Licence: not given at export; the training data's terms apply (set it with --license)."]
+    if license == hub.get("license"):
+        return [f"- Licence: {license}, the licence of `{hub['source']}`, which these weights derive from "
+                "(--license sets another where its terms allow)."]  # fmt: skip
     return [f"- Licence: {license}."]
+
+
+def origin(ckpt: dict, hub: dict, library: str) -> str:
+    """The card's first sentence's end: how the weights were made."""
+    where = "with the `mt` toolkit (its train.py, translate.py and serve.py load this directory)."
+    if library != "mt":
+        where = f"with the `mt` toolkit and exported for {library} (which loads this directory)."
+    if not hub:
+        return "trained from raw parallel text " + where
+    tuned = read_parent(run_files(ckpt)) is not None
+    return (f"`{hub['source']}` read from its transformers checkpoint" + (", fine-tuned on new data" if tuned else "")
+            + " " + where)  # fmt: skip
+
+
+def report_name(name: str) -> str:
+    return f"{name} (the parent, before fine-tuning)" if name.endswith(PARENT_SUFFIX) else name
 
 
 def model_card(
@@ -87,6 +109,10 @@ def model_card(
     data, decode, m = config.get("data", {}), config.get("decode", {}), model.cfg
     run_dir = run_files(ckpt)
     reports, command = test_reports(ckpt), training_command(run_dir)
+    reports.sort(key=lambda r: r["name"].endswith(PARENT_SUFFIX))  # this model's own scores first
+    hub = hub_record(ckpt)
+    license = license or hub.get("license")  # an imported model carries its checkpoint's licence
+    types = "types" if hub else "BPE types"
     directions = [d.replace("-", "->") for d in data.get("directions") or []]  # a multilingual run's
     pair = ", ".join(directions) or f"{data.get('src_lang', '?')}->{data.get('tgt_lang', '?')}"
     n_params = sum(p.numel() for p in model.parameters())
@@ -97,19 +123,14 @@ def model_card(
         "",
         f"# {name}: {pair} Transformer",
         "",
-        f"A Transformer encoder-decoder (Vaswani et al. 2017) translating {pair}, trained from raw parallel text "
-        + (
-            "with the `mt` toolkit (its train.py, translate.py and serve.py load this directory)."
-            if library == "mt"
-            else f"with the `mt` toolkit and exported for {library} (which loads this directory)."
-        ),
+        f"A Transformer encoder-decoder (Vaswani et al. 2017) translating {pair}: {origin(ckpt, hub, library)}",
         "",
         "## Model",
         "",
         f"- {n_params:,} parameters: d_model {m.d_model}, {m.encoder_layers} encoder and {m.decoder_layers} decoder "
         f"layers, {m.n_heads} heads, feed-forward {m.d_ff}, {m.norm}-norm, {m.positions} positions (up to "
         f"{m.max_positions}), embeddings tied: {m.tie_embeddings}; vocabulary {model.src_vocab:,} / "
-        f"{model.tgt_vocab:,} BPE types.",
+        f"{model.tgt_vocab:,} {types}.",
         "",
         "## Training",
         "",
@@ -118,14 +139,18 @@ def model_card(
         f"- Weights: {ckpt.get('chosen', 'the checkpoint exported')}.",
         *parent_lines(run_dir),
         *([f"- {exported}"] if exported else []),
-        *licence_lines(license),
+        *([f"- From: `{hub['source']}` (transformers)."] if hub and read_parent(run_dir) is None else []),
+        *licence_lines(license, hub),
         "",
         "## Evaluation",
         "",
     ]
     if reports:
         lines += ["| split | BLEU | BLEU lowercased | chrF |", "|---|---|---|---|"]
-        lines += [f"| {r['name']} | {r['bleu']:.2f} | {r['bleu_lowercase']:.2f} | {r['chrf']:.2f} |" for r in reports]
+        lines += [
+            f"| {report_name(r['name'])} | {r['bleu']:.2f} | {r['bleu_lowercase']:.2f} | {r['chrf']:.2f} |"
+            for r in reports
+        ]
         lines += ["", "sacreBLEU signatures:", ""]
         for r in reports:
             lines += [f"- {r['name']}: `{r['bleu_signature']}`, `{r['bleu_lowercase_signature']}`, "

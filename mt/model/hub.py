@@ -27,7 +27,12 @@ WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
 # Generation settings this project's search has no counterpart for: named in a warning, not applied.
 UNSUPPORTED_GENERATION = {"no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "num_beam_groups": 1,
                           "do_sample": False, "encoder_no_repeat_ngram_size": 0, "diversity_penalty": 0.0,
-                          "exponential_decay_length_penalty": None, "forced_bos_token_id": None}  # fmt: skip
+                          "exponential_decay_length_penalty": None}  # fmt: skip
+# What transformers' generate() reads from config.json where there is no generation_config.json
+# (GenerationConfig.from_model_config): the settings above and those this project applies.
+CONFIG_GENERATION = ("num_beams", "max_length", "max_new_tokens", "min_length", "length_penalty", "early_stopping",
+                     "bad_words_ids", "forced_bos_token_id", "forced_eos_token_id", "renormalize_logits",
+                     *UNSUPPORTED_GENERATION)  # fmt: skip
 
 
 def is_transformers_dir(path: Path) -> bool:
@@ -145,11 +150,15 @@ def decode_settings(generation: dict, specials: Specials, where: str) -> dict:
            "length_penalty": float(generation.get("length_penalty", 1.0)), "length_penalty_type": "average",
            "early_stopping": generation.get("early_stopping", False) is True,
            "renormalize": bool(generation.get("renormalize_logits", False)), "score_forced": False}  # fmt: skip
-    if generation.get("max_length"):
+    if generation.get("max_new_tokens"):  # (transformers: it wins over max_length)
+        out["max_len"] = int(generation["max_new_tokens"])
+    elif generation.get("max_length"):
         out["max_len"] = int(generation["max_length"]) - 1  # theirs counts the decoder's first token
     if generation.get("min_length"):
         out["min_len"] = max(0, int(generation["min_length"]) - 1)
     ignored = [k for k, off in UNSUPPORTED_GENERATION.items() if generation.get(k, off) != off]
+    if generation.get("early_stopping") == "never" and out["beam_size"] > 1:
+        ignored.append("early_stopping='never' (decoded as false: transformers' default rule)")
     bad_words = [w for w in generation.get("bad_words_ids") or [] if w != [specials.pad]]
     ignored += ["bad_words_ids"] if bad_words else []
     if ignored:
@@ -157,6 +166,39 @@ def decode_settings(generation: dict, specials: Specials, where: str) -> dict:
             "%s: generation_config.json sets %s, which this project's search does not apply", where, ", ".join(ignored)
         )
     return out
+
+
+def card_license(dir: Path) -> str | None:
+    """The licence the checkpoint's model card (README.md's front matter) names, as its page shows it."""
+    try:
+        text = (dir / "README.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not text.startswith("---"):
+        return None
+    match = re.search(r"^license:\s*['\"]?([\w.+-]+)", text.split("\n---", 1)[0], re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def languages(vocabs, generation: dict, where: str) -> dict:
+    """The checkpoint's own pair, as the run's data.src_lang / tgt_lang: Marian's source_lang / target_lang, NLLB's
+    src_lang / tgt_lang (tokenizer_config.json), else the target language whose token generation_config.json forces
+    first (forced_bos_token_id). NLLB's legacy_behaviour (the language code after the source) is refused."""
+    config = json.loads(vocabs.files_.get("tokenizer_config.json", "{}"))
+    if config.get("legacy_behaviour"):
+        raise CheckpointError(f"{where}: tokenizer_config.json sets legacy_behaviour: true (NLLB's old framing, the "
+                              "language code after the source), which this project does not read; set it to false "
+                              "(the framing NLLB-200 was released with) or remove it")  # fmt: skip
+    out = {k: config.get(k) or config.get(f) for k, f in (("src_lang", "source_lang"), ("tgt_lang", "target_lang"))}
+    forced = generation.get("forced_bos_token_id")
+    if forced is not None:  # what generate() starts every output with: it wins over the tokenizer's tgt_lang
+        code = next((c for c, i in vocabs.languages.items() if i == forced), None)
+        if code is None or vocabs.family != "tokenizers":
+            log.warning("%s: generation_config.json forces token %s first, which is no target-language token of "
+                        "this model; not applied", where, forced)  # fmt: skip
+        else:
+            out["tgt_lang"] = code
+    return {k: v for k, v in out.items() if v}
 
 
 def load_transformers(source: str | Path) -> dict:
@@ -174,7 +216,8 @@ def load_transformers(source: str | Path) -> dict:
         generation = json.loads(gen_path.read_text()) if gen_path.is_file() else {}
     except ValueError as e:
         raise CheckpointError(f"{where}: config.json or generation_config.json is not JSON ({e})") from None
-    generation = {**{k: config[k] for k in ("num_beams", "max_length", "bad_words_ids") if k in config}, **generation}
+    if not gen_path.is_file():  # transformers then reads the generation keys of config.json
+        generation = {k: config[k] for k in CONFIG_GENERATION if config.get(k) is not None}
     for key in ("eos_token_id", "decoder_start_token_id", "pad_token_id"):
         if isinstance(config.get(key), list):
             config[key] = config[key][0]
@@ -194,10 +237,9 @@ def load_transformers(source: str | Path) -> dict:
         raise CheckpointError(f"{where}: the tokenizer has {len(vocabs.src)} types but the model {src_vocab}; "
                               "the tokenizer files belong to another model")  # fmt: skip
     state = our_state_dict(cfg, src_vocab, tgt_vocab, read_weights(dir), where)
-    tokenizer_config = json.loads(vocabs.files_.get("tokenizer_config.json", "{}"))
-    langs = {k: tokenizer_config.get(f) for k, f in (("src_lang", "source_lang"), ("tgt_lang", "target_lang"))}
-    run = {"decode": decode_settings(generation, specials, where), "data": {k: v for k, v in langs.items() if v},
-           "hub": {"source": where, "config": config, "generation_config": generation}}  # fmt: skip
+    run = {"decode": decode_settings(generation, specials, where), "data": languages(vocabs, generation, where),
+           "hub": {"source": where, "config": config, "generation_config": generation,
+                   "license": card_license(dir)}}  # fmt: skip
     model_args = {"model": dataclasses.asdict(cfg), "src_vocab": src_vocab, "tgt_vocab": tgt_vocab}
     return {"format": HUB_FORMAT, "path": where, "model": state, "model_args": model_args, "config": run,
             "tokenizer": vocabs.to_json()}  # fmt: skip

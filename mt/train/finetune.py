@@ -229,6 +229,8 @@ def start(trainer, parent: Parent) -> None:
     record = {"path": str(parent.ckpt["path"]), "weights_digest": parent.digest,
               "test_scores": test_scores(parent.ckpt), "data": (parent.ckpt.get("config") or {}).get("data", {}),
               "optimizer": bool(trainer.tc.init_optimizer)}  # fmt: skip
+    if hub_files := (parent.ckpt.get("config") or {}).get("hub"):  # a transformers parent: what the export back needs
+        record["hub"] = hub_files
     if trainer.rank == 0:
         (trainer.run_dir / PARENT_FILE).write_text(json.dumps(record, indent=2) + "\n")
         trainer.metrics.write({"kind": "parent", **{k: record[k] for k in ("path", "weights_digest", "optimizer")}})

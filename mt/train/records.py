@@ -27,6 +27,17 @@ def read_parent(run_dir: Path) -> dict | None:
         return None
 
 
+def hub_record(ckpt: dict) -> dict:
+    """The values of the transformers files a model came from (source, config, generation config, licence): an
+    imported checkpoint's own, or the parent's of a run fine-tuned from one (its `PARENT_FILE`); {} otherwise."""
+    own = (ckpt.get("config") or {}).get("hub")
+    if own:
+        return own
+    if "family" not in (ckpt.get("tokenizer") or {}):  # this project's own tokenizer: not from transformers
+        return {}
+    return (read_parent(run_files(ckpt)) or {}).get("hub") or {}
+
+
 def test_scores(ckpt: dict) -> list[dict]:
     """The scores of the weights' test reports (`test_reports`): [{split, bleu, bleu_lowercase, chrf}], as /info and
     a fine-tuning run's record list them."""
