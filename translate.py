@@ -47,14 +47,15 @@ def main(dcfg: DictConfig) -> None:
         ckpts = [saved.load(path) for path in cfg.checkpoint]  # several: an ensemble
         ckpt = ckpts[0]  # whose run's decoding settings and data config apply
         d = cfg.decode = run_decode_settings(cfg.decode, ckpt, list(HydraConfig.get().overrides.task))
+        translator = Translator.open(ckpts, d, pick_device(cfg.device), cfg.precision, bool(cfg.plot_attention),
+                                     cfg.tgt_lang, cfg.src_lang)  # fmt: skip
+        log.info("translating %s with %s", translator.direction(), ckpt["path"])
         log.info(
             "decoding: beam %d, length penalty %s %g (the run's settings unless given as decode.*)",
             d.beam_size,
             d.length_penalty_type,
             d.length_penalty,
         )
-        translator = Translator.open(ckpts, d, pick_device(cfg.device), cfg.precision, bool(cfg.plot_attention),
-                                     cfg.tgt_lang, cfg.src_lang)  # fmt: skip
         translator.target_id()  # a multilingual model without tgt_lang: the one-line error before reading input
         translator.glossary = glossary_of(cfg)
         if cfg.glossary or cfg.constraints:  # refused now, not at the first line that holds a term

@@ -303,6 +303,17 @@ def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *a
     return setup
 
 
+def _hub_parent(name: str):
+    """A tiny transformers checkpoint (tests/hub_models.py: de->en) as the parent of a run on the xx->yy corpus."""
+
+    def setup(c, r, t):
+        from tests.hub_models import hub_model
+
+        return [f"train.init_from={hub_model(name)}"], None
+
+    return setup
+
+
 def _separate_tokenizers():
     ckpt = {}
 
@@ -759,6 +770,13 @@ ROWS = [
     ("init_from_shape_override", "train", _parent("model.d_ff=96"), "model.d_ff=96: the parent"),
     ("init_from_other_tokenizer", "train", _parent_other_tokenizer, "not the tokenizer of the parent"),
     ("init_from_without_direction_token", "train", _parent("data.directions=[xx-yy]"), "its tokenizer has no <2yy>"),
+    (
+        "init_from_transformers_other_direction",
+        "train",
+        _hub_parent("marian_shared"),
+        "data.src_lang=xx data.tgt_lang=yy: the parent (train.init_from=",
+    ),  # fmt: skip
+    ("init_from_nllb_unknown_language", "train", _hub_parent("nllb"), "src_lang=xx: this model has no token"),
     ("freeze_unknown_part", "train", _parent("train.freeze=[attention]"), "train.freeze: 'attention' is not a part"),
     ("valid_from_train_too_many", "train", _args("data.valid_from_train=5000"), "data.valid_from_train=5000"),
     ("model_init_unknown", "train", _args("model.init=he"), "model.init='he' is not one of xavier, fairseq"),

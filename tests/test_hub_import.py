@@ -219,6 +219,7 @@ def test_translate_py_translates_a_transformers_dir_as_transformers_does(hub_dir
                        env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     assert "beam 4, length penalty average 1" in p.stderr  # the checkpoint's generation config
+    assert p.stderr.splitlines()[0] == f"INFO translating de->en with {path}"  # its tokenizer_config.json's pair
     assert (tmp_path / "out.en").read_text(encoding="utf-8").splitlines() == hf_texts(path, "marian_shared", lines, 4)
 
 

@@ -227,6 +227,11 @@ def language_candidates(lang: str) -> list[str]:
     return out
 
 
+def same_language(a: str, b: str) -> bool:
+    """Whether two codes name one language in the spellings checkpoints use (de, deu, deu_Latn, >>deu<<)."""
+    return bool(set(language_candidates(a)) & set(language_candidates(b))) or a.strip(">< ") == b.strip(">< ")
+
+
 def hub_vocabs(family: str, files: dict[str, str], specials: Specials) -> HubVocabs:
     """HubVocabs from the tokenizer files (`HubVocabs.files_`) of a `family` ("marian" or "tokenizers")."""
     if family == "marian":

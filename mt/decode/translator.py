@@ -123,6 +123,14 @@ class Translator:
         translator.tgt_lang = tgt_lang or translator.run_target()
         return translator
 
+    def direction(self) -> str:
+        """The pair this translator translates by default, as translate.py's first line names it: `de->en`, or a
+        multilingual run's directions."""
+        data = (self.checkpoint.get("config") or {}).get("data") or {}
+        if data.get("directions") and not self.tgt_lang:
+            return ", ".join(d.replace("-", "->") for d in data["directions"])
+        return f"{self.source_lang or data.get('src_lang') or '?'}->{self.tgt_lang or data.get('tgt_lang') or '?'}"
+
     def run_target(self) -> str | None:
         """The target language of a multilingual model that a run fine-tuned in one direction (its `data.tgt_lang`,
         as `data.src_lang` is its source), where the model needs one and knows it; else None."""

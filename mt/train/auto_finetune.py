@@ -148,6 +148,7 @@ def parent_stats(cfg: Config) -> tuple[ModelConfig, FineTuneStats]:
     on this machine: probed and cached, or estimated from TABLE's base shape with `auto.probe=false`)."""
     ckpt = saved.load(cfg.train.init_from)
     model, vocabs = saved.build_model(ckpt)
+    finetune.check_direction(cfg, finetune.Parent(ckpt, model, vocabs))  # before the probe
     pairs = list(read.TextPairs.of_split(cfg.data, cfg.data.train_split))
     sample = pairs[:: max(1, len(pairs) // 2000)]
     src = vocabs.src.encode_batch([s for s, _ in sample])

@@ -22,7 +22,9 @@ from pathlib import Path
 from mt import errors, runtime
 from mt.config import Config, ConfigError, DataConfig, DecodeConfig, TrainConfig
 from mt.data import read
+from mt.data.hub_vocab import same_language
 from mt.data.tokenizer import Vocabs
+from mt.errors import TokenizerError
 from mt.model import hub, saved
 from mt.model.transformer import Transformer
 from mt.train.ema import WeightEMA
@@ -108,10 +110,32 @@ def load_parent(cfg: Config, run_dir: Path) -> Parent:
     return Parent(ckpt, model, vocabs)
 
 
+def check_direction(cfg: Config, parent: Parent) -> None:
+    """A transformers parent that names its pair (Marian's source_lang / target_lang, NLLB's src_lang / tgt_lang)
+    fine-tunes in that direction only; a multilingual one (language tokens) in any pair it has tokens for."""
+    data, source = cfg.data, cfg.train.init_from
+    if parent.ckpt["format"] != hub.HUB_FORMAT or data.directions:
+        return
+    if getattr(parent.vocabs, "languages", None):
+        try:
+            parent.vocabs.framing(data.src_lang, data.tgt_lang)
+        except TokenizerError as e:
+            raise ConfigError(f"train.init_from={source}: {e} (data.src_lang / data.tgt_lang)") from None
+        return
+    theirs = (parent.ckpt.get("config") or {}).get("data") or {}
+    src, tgt = theirs.get("src_lang"), theirs.get("tgt_lang")
+    if src and tgt and not (same_language(src, data.src_lang) and same_language(tgt, data.tgt_lang)):
+        raise ConfigError(f"data.src_lang={data.src_lang} data.tgt_lang={data.tgt_lang}: the parent "
+                          f"(train.init_from={source}) translates {src}->{tgt} (its tokenizer_config.json); "
+                          f"fine-tune it in that direction, or start from a {data.src_lang}->{data.tgt_lang} "
+                          "model")  # fmt: skip
+
+
 def adopt(cfg: Config, parent: Parent, overrides: list[str]) -> Config:
     """`cfg` with the parent's architecture and tokenizer. A command-line override that changes a shape, or a
     tokenizer.path that is not the parent's, is a one-line error; other tokenizer settings are ignored with a
     warning; dropout keys keep the command line's values, else the parent's."""
+    check_direction(cfg, parent)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     theirs = parent.model.cfg
     model = dataclasses.replace(cfg.model)
