@@ -284,9 +284,11 @@ def _transformers_export(c, r, t):
     return [f"checkpoint={t / 'hf'}"], "a dog\n"
 
 
-def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *args, tokenizer: dict | None = None):
-    """A copy of a tiny transformers checkpoint (tests/hub_models.py) without the file `drop`, or with `config`'s
-    keys in its config.json (`tokenizer`'s in its tokenizer_config.json), given to translate.py with `args`."""
+def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *args, tokenizer: dict | None = None,
+              damage: str | None = None):  # fmt: skip
+    """A copy of a tiny transformers checkpoint (tests/hub_models.py) without the file `drop` (or with the file
+    `damage` damaged), or with `config`'s keys in its config.json (`tokenizer`'s in its tokenizer_config.json), given
+    to translate.py with `args`."""
 
     def setup(c, r, t):
         from tests.hub_models import hub_model
@@ -294,6 +296,8 @@ def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *a
         shutil.copytree(hub_model(name), t / "hf")
         if drop:
             (t / "hf" / drop).unlink()
+        if damage:
+            (t / "hf" / damage).write_bytes(b'{"half a file')
         for file, keys in (("config.json", config), ("tokenizer_config.json", tokenizer)):
             if keys:
                 path = t / "hf" / file
@@ -670,6 +674,42 @@ ROWS = [
         "translate",
         _hub_copy("nllb", None, None, "tgt_lang=en", tokenizer={"src_lang": None, "tgt_lang": None}),
         "src_lang is needed by this multilingual model",
+    ),  # fmt: skip
+    (
+        "transformers_damaged_vocab",
+        "translate",
+        _hub_copy("marian_shared", damage="vocab.json"),
+        "vocab.json is not readable",
+    ),
+    (
+        "transformers_damaged_spm",
+        "translate",
+        _hub_copy("marian_shared", damage="source.spm"),
+        "source.spm is not readable",
+    ),
+    (
+        "transformers_damaged_tokenizer",
+        "translate",
+        _hub_copy("nllb", damage="tokenizer.json"),
+        "tokenizer.json is not readable",
+    ),
+    (
+        "transformers_no_pad_id",
+        "translate",
+        _hub_copy("nllb", None, {"pad_token_id": None}),
+        "config.json has no pad_token_id",
+    ),
+    (
+        "transformers_no_d_model",
+        "translate",
+        _hub_copy("marian_shared", None, {"d_model": None}),
+        "config.json has no d_model",
+    ),
+    (
+        "transformers_positions_as_text",
+        "translate",
+        _hub_copy("marian_shared", None, {"max_position_embeddings": "512"}),
+        "max_position_embeddings='512' in config.json is not a whole number",
     ),  # fmt: skip
     (
         "transformers_nllb_legacy_behaviour",

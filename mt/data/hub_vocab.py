@@ -232,21 +232,38 @@ def same_language(a: str, b: str) -> bool:
     return bool(set(language_candidates(a)) & set(language_candidates(b))) or a.strip(">< ") == b.strip(">< ")
 
 
+def readable(name: str, parse):
+    """`parse()`, or a one-line TokenizerError naming the tokenizer file `name` that it could not read."""
+    try:
+        return parse()
+    except TokenizerError:
+        raise
+    except Exception as e:  # json's, sentencepiece's and tokenizers' own errors (tokenizers raises Exception)
+        detail = str(e).strip().splitlines()[0][:100] if str(e).strip() else type(e).__name__
+        detail = "not a SentencePiece model" if name.endswith((".spm", ".model")) else detail
+        raise TokenizerError(f"{name} is not readable ({detail}); the file is damaged or not the model's: copy it "
+                             "again from the model's page") from None  # fmt: skip
+
+
 def hub_vocabs(family: str, files: dict[str, str], specials: Specials) -> HubVocabs:
     """HubVocabs from the tokenizer files (`HubVocabs.files_`) of a `family` ("marian" or "tokenizers")."""
     if family == "marian":
-        config = json.loads(files.get("tokenizer_config.json", "{}"))
-        ids = json.loads(files["vocab.json"])
+        config = readable("tokenizer_config.json", lambda: json.loads(files.get("tokenizer_config.json", "{}")))
+        ids = readable("vocab.json", lambda: dict(json.loads(files["vocab.json"])))
         source, target = (base64.b64decode(files[n]) for n in ("source.spm", "target.spm"))
         separate = bool(config.get("separate_vocabs"))
-        tgt_ids = json.loads(files["target_vocab.json"]) if separate else ids
-        src = MarianVocab(source, ids, specials)
+        tgt_ids = (
+            readable("target_vocab.json", lambda: dict(json.loads(files["target_vocab.json"]))) if separate else ids
+        )
+        src = readable("source.spm", lambda: MarianVocab(source, ids, specials))
         # transformers decodes a shared vocabulary's output with the source model, separate ones with the target's
-        tgt = MarianVocab(target, tgt_ids, specials, decoder=None if separate else source)
+        tgt = readable(
+            "target.spm", lambda: MarianVocab(target, tgt_ids, specials, decoder=None if separate else source)
+        )
         languages = {} if separate else {t: i for t, i in ids.items() if MARIAN_CODE.fullmatch(t)}
         return HubVocabs(src, tgt, family, files, languages)
     if family == "tokenizers":
-        tok = Tokenizer.from_str(files["tokenizer.json"])
+        tok = readable("tokenizer.json", lambda: Tokenizer.from_str(files["tokenizer.json"]))
         vocab = FastVocab(tok, specials)
         languages = {t: i for i, t in vocab.added_tokens().items() if NLLB_CODE.fullmatch(t)}
         return HubVocabs(vocab, vocab, family, files, languages)
@@ -264,7 +281,14 @@ def read_saved(dir: Path) -> dict:
 def read_hub_tokenizers(dir: Path, specials: Specials, where: str) -> HubVocabs:
     """The tokenizers of a transformers checkpoint dir: Marian's SentencePiece files, else a tokenizer.json; a
     missing file is a one-line error naming it."""
-    text = lambda name: (dir / name).read_text(encoding="utf-8")  # noqa: E731
+    text = lambda name: readable(name, lambda: (dir / name).read_text(encoding="utf-8"))  # noqa: E731
+
+    def build(family: str, files: dict[str, str]) -> HubVocabs:
+        try:
+            return hub_vocabs(family, files, specials)
+        except TokenizerError as e:
+            raise TokenizerError(f"{where}: {e}") from None
+
     extra = [
         n for n in ("tokenizer_config.json", "special_tokens_map.json", "target_vocab.json") if (dir / n).is_file()
     ]
@@ -276,16 +300,18 @@ def read_hub_tokenizers(dir: Path, specials: Specials, where: str) -> HubVocabs:
         files = {n: base64.b64encode((dir / n).read_bytes()).decode() for n in MARIAN_FILES[:2]}
         files |= {n: text(n) for n in ("vocab.json", *extra)}
         if (
-            json.loads(files.get("tokenizer_config.json", "{}")).get("separate_vocabs")
+            readable("tokenizer_config.json", lambda: json.loads(files.get("tokenizer_config.json", "{}"))).get(
+                "separate_vocabs"
+            )
             and "target_vocab.json" not in files
         ):
             raise TokenizerError(f"{where}: target_vocab.json is missing (tokenizer_config.json says separate_vocabs)")
-        return hub_vocabs("marian", files, specials)
+        return build("marian", files)
     if (dir / "tokenizer.json").is_file():
         files = {"tokenizer.json": text("tokenizer.json")} | {n: text(n) for n in extra}
         for name in SLOW_TOKENIZER_FILES:  # not read here; kept for the export back (the slow tokenizer reads it)
             if (dir / name).is_file():
                 files[name] = base64.b64encode((dir / name).read_bytes()).decode()
-        return hub_vocabs("tokenizers", files, specials)
+        return build("tokenizers", files)
     raise TokenizerError(f"{where}: no tokenizer files (tokenizer.json, or Marian's {', '.join(MARIAN_FILES)}); "
                          "copy them from the model's page beside config.json")  # fmt: skip

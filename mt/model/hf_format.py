@@ -112,6 +112,24 @@ def _refuse(config: dict, where: str) -> None:
         raise CheckpointError(f"{where}: num_hidden_layers differs from encoder_layers in config.json")
 
 
+REQUIRED = ("vocab_size", "pad_token_id", "eos_token_id", "d_model", "encoder_layers", "decoder_layers")
+INTEGERS = (*REQUIRED, "decoder_start_token_id", "max_position_embeddings", "decoder_vocab_size",
+            "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim")  # fmt: skip
+
+
+def _integers(config: dict, where: str) -> None:
+    """The keys the model's shapes and special ids come from: present where needed, whole numbers."""
+    for key in REQUIRED:
+        if config.get(key) is None:
+            raise CheckpointError(f"{where}: config.json has no {key}; the checkpoint is incomplete (download "
+                                  "config.json again)")  # fmt: skip
+    for key in INTEGERS:
+        value = config.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise CheckpointError(f"{where}: {key}={value!r} in config.json is not a whole number; write it as "
+                                  f"one ({key}: 512, not \"512\")")  # fmt: skip
+
+
 def model_config(config: dict, where: str) -> tuple[ModelConfig, int, int]:
     """(model config, source vocabulary size, target vocabulary size) of a transformers config.json's keys."""
     kind = config.get("model_type")
@@ -127,6 +145,7 @@ def model_config(config: dict, where: str) -> tuple[ModelConfig, int, int]:
         d_ff = _one(config, ("encoder_ffn_dim", "decoder_ffn_dim"), "feed-forward width")
     except CheckpointError as e:
         raise CheckpointError(f"{where}: {e}") from None
+    _integers(config, where)
     vocab, pad = config["vocab_size"], config["pad_token_id"]
     eos = config["eos_token_id"]
     start = config.get("decoder_start_token_id", pad if kind == "marian" else eos)
