@@ -27,6 +27,7 @@ from mt.data.corpus import prepare_data
 from mt.data.read import check_splits
 from mt.errors import USER_ERRORS
 from mt.export.formats import export_ctranslate2
+from mt.train.checkpoint import check_run_dir
 from mt.train.finish import finish
 from mt.run_dir import remove_if_unused
 from mt.runtime import keep_freed_memory_in_the_heap, prefer_expandable_segments
@@ -47,6 +48,7 @@ def main(dcfg: DictConfig) -> None:
             datasets.disable_progress_bars()
         cfg.data = check_splits(cfg.data)  # every split's files, before the probe, the BPE and the budget
         run_dir = Path(HydraConfig.get().runtime.output_dir)
+        check_run_dir(cfg, run_dir)  # a run dir of another corpus or direction, as instantly
         rank = distributed.init_distributed(cfg.train.device, cfg.train.wait_timeout)
         distributed.check_shared_run_dir(run_dir)
         if rank != 0:

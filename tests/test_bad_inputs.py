@@ -530,6 +530,18 @@ ROWS = [
     ),
     # checkpoints
     ("resume_changed_batches", "train", _args("train.max_tokens=400"), "train.max_tokens=300, this command"),
+    (
+        "resume_reversed_direction",
+        "train",
+        _args("data.src_lang=yy", "data.tgt_lang=xx", "train.resume_anyway=true"),
+        "was trained with data.src_lang='xx', this command data.src_lang='yy'; a run dir holds one corpus and one",
+    ),  # fmt: skip
+    (
+        "resume_reversed_direction_before_the_probe",
+        "train",
+        _args("+experiment=auto", "train.max_time=5", "data.src_lang=yy", "data.tgt_lang=xx"),
+        "a run dir holds one corpus and one direction",
+    ),  # fmt: skip
     ("resume_other_model", "train", _args("model.d_ff=128"), "checkpoint_last.pt: was trained with a different model"),
     ("resume_other_tokenizer", "train", _other_tokenizer, "checkpoint_last.pt: was trained with"),
     ("checkpoint_missing", "translate", _args("checkpoint=/nonexistent/model.pt"), "/nonexistent/model.pt"),

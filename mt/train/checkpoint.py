@@ -100,14 +100,19 @@ RESUMABLE = ("optimizer", "scheduler", "scaler", "sampler")  # objects with stat
 # What a resumed run must share with the run that wrote its checkpoint: what decides its batches and its updates.
 # The budget, validation, logging, device, precision and decoding may change between stretches of a run.
 RESUME_KEYS = {
-    "data": ("name", "format", "src_lang", "tgt_lang", "columns", "train_split", "max_len", "max_ratio", "corpora",
-             "directions", "valid_from_train", "batching"),
+    "data": ("name", "dir", "format", "src_lang", "tgt_lang", "columns", "train_split", "max_len", "max_ratio",
+             "corpora", "directions", "valid_from_train", "batching"),
     "tokenizer": ("vocab_size", "joint", "min_frequency", "normalization", "sample_pairs", "pretokenize",
                   "case_markup"),
     "train": ("seed", "max_tokens", "accumulate", "optimizer", "lr", "schedule", "noam_scale", "warmup",
               "warmup_init_lr", "betas", "adam_eps", "weight_decay", "clip_norm", "label_smoothing", "bpe_dropout",
               "init_from", "freeze"),
 }  # fmt: skip
+
+
+# Of those, what makes another task rather than another setting: a run dir holds one corpus and one direction.
+TASK_KEYS = ("data.name", "data.dir", "data.format", "data.src_lang", "data.tgt_lang", "data.columns",
+             "data.train_split", "data.corpora", "data.directions")  # fmt: skip
 
 
 def run_fingerprint(config: dict, world: int) -> dict:
@@ -138,13 +143,24 @@ def training_state(
     return state
 
 
+def _same(key: str, a, b) -> bool:
+    if key == "data.dir" and a and b:  # one folder however the command spells it, or moved (by its name)
+        return Path(a).resolve() == Path(b).resolve() or Path(a).resolve().name == Path(b).resolve().name
+    return a == b
+
+
 def check_fingerprint(path: Path, saved: dict | None, now: dict, anyway: bool) -> None:
-    """Refuse to continue a run whose batches or updates this command would change (or warn, with `anyway`)."""
-    changed = [k for k in now if saved is not None and k in saved and saved[k] != now[k]]
+    """Refuse to continue a run whose batches or updates this command would change (or warn, with `anyway`); a
+    change of corpus or direction (TASK_KEYS) is refused whatever `anyway` says."""
+    changed = [k for k in now if saved is not None and k in saved and not _same(k, saved[k], now[k])]
     if not changed:
         return
-    first = changed[0]
+    task = [k for k in changed if k in TASK_KEYS]
+    first = (task or changed)[0]
     what = f"{first}={saved[first]!r}, this command {first}={now[first]!r}"
+    if task:
+        raise CheckpointError(f"{path}: was trained with {what}; a run dir holds one corpus and one direction: "
+                              "give this run its own run_dir (or train.resume=never to start over here)")  # fmt: skip
     more = f" (and {', '.join(changed[1:])})" if len(changed) > 1 else ""
     if anyway:
         log.warning("%s: was trained with %s%s; continuing as train.resume_anyway=true asks", path, what, more)
@@ -153,6 +169,20 @@ def check_fingerprint(path: Path, saved: dict | None, now: dict, anyway: bool) -
         f"{path}: was trained with {what}{more}; use a new run_dir, train.resume=never to start over, or "
         "train.resume_anyway=true to continue with the new settings"
     )
+
+
+def check_run_dir(config, run_dir: Path) -> None:
+    """Before any long work (the probe, a teacher's translations, the BPE): a checkpoint in the run dir that was
+    trained on another corpus or in another direction is refused now rather than when the run resumes."""
+    path = resume_path(config.train.resume, run_dir)
+    if path is None or not path.is_file():
+        return
+    try:  # (memory-mapped: the weights are not read)
+        saved = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("fingerprint")
+    except Exception:
+        return  # an unreadable checkpoint: resuming names it (or falls back to the one it replaced)
+    now = run_fingerprint(asdict(config), 1)
+    check_fingerprint(path, saved, {k: now[k] for k in TASK_KEYS}, anyway=False)
 
 
 def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: dict) -> dict:
