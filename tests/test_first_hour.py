@@ -144,3 +144,21 @@ def test_a_translation_memory_is_a_corpus(tmp_path):
                        env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
     assert p.returncode == 0, p.stderr[-2000:]
     assert "local/train: 200 pairs read" in p.stderr and (tmp_path / "run" / "test.report.json").is_file()
+
+
+def test_an_unreachable_hub_is_said_in_one_line_and_not_retried(tmp_path):
+    """Before: the quick start's Hub fallback printed 22 lines of retry warnings and stopped after ~30 s. Now the
+    Hub's host is tried once (here a closed port), said in one line, and the caches read at once."""
+    import os
+    import time
+
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy")}
+    env |= {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    start = time.time()
+    p = subprocess.run([sys.executable, "train.py", "+experiment=smoke", f"data.dir={tmp_path / 'none'}",
+                        f"run_dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, env=env,
+                       timeout=300)  # fmt: skip
+    assert p.returncode == 2 and time.time() - start < 20
+    assert p.stderr.count("the Hugging Face Hub cannot be reached (127.0.0.1:") == 1
+    assert "Retrying" not in p.stderr
+    assert p.stderr.splitlines()[-1].endswith("put the corpus's files in data.dir, or connect to the network")

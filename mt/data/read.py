@@ -19,7 +19,7 @@ import datasets
 import numpy as np
 
 from mt.config import CorpusConfig, DataConfig
-from mt.data import tmx
+from mt.data import hub_offline, tmx
 from mt.data.files import find_split, read_lines
 from mt.errors import DataError
 
@@ -182,10 +182,12 @@ def _load_hub(split: str, cfg: DataConfig) -> datasets.Dataset:
     missing = cfg.hub_fallback and cfg.format != "hub"  # data.dir is not a directory: the Hub stands in
     if missing:
         log.info("data.dir=%r is not a directory: reading %s from the Hugging Face Hub", cfg.dir, where)
+    offline = hub_offline.go_offline(f"reading {cfg.hub_name}")
     try:
         ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=hub_split, cache_dir=cfg.cache_dir)
     except Exception as e:  # network, unknown name/split: all end the run the same way
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}" if str(e).strip() else type(e).__name__
+        why = "the Hub cannot be reached and it is not in the local cache" if offline else why
         if missing:
             raise DataError(f"data.dir={cfg.dir!r} is not a directory, and {where} could not be downloaded "
                             f"instead ({why}); put the corpus's files in data.dir, or connect to the "

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from mt.data import hub_offline
 from mt.data.hub_vocab import read_hub_tokenizers
 from mt.data.tokenizer import Specials
 from mt.errors import CheckpointError, TokenizerError
@@ -69,8 +70,9 @@ def fetch(repo_id: str) -> Path:
         local = f"; {owner}/ is a local directory here ({_listing(owner)}): if {repo_id} is yours, check the path"
     else:  # runs/: where train.py writes, so never a Hub owner's name here
         local = f"; {owner}/ does not exist here: train first, or check the path" if str(owner) == "runs" else ""
+    offline = hub_offline.go_offline(f"reading {repo_id}")
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=offline))
     except RepositoryNotFoundError:
         raise CheckpointError(f"{repo_id}: no such model on the Hugging Face Hub (or it is private: "
                               f"hf auth login){local}") from None  # fmt: skip
