@@ -44,7 +44,7 @@ def main(dcfg: DictConfig) -> None:
     prefer_expandable_segments()
     try:
         cfg = to_dataclass(dcfg)
-        if not cfg.train.progress:  # no bars at all, also none from `datasets` while it reads and maps the corpus
+        if not cfg.train.progress or not sys.stderr.isatty():  # no bars (none from `datasets` either): off, or a log
             datasets.disable_progress_bars()
         cfg.data = check_splits(cfg.data)  # every split's files, before the probe, the BPE and the budget
         run_dir = Path(HydraConfig.get().runtime.output_dir)

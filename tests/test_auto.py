@@ -827,3 +827,29 @@ def test_the_corpus_counts_its_frequent_word_types_and_stops_once_they_fill_the_
     monkeypatch.setattr(auto_setup, "TYPES_CHECK_EVERY", 20)
     early = auto_setup.corpus_stats(cfg)
     assert (early.frequent_types, early.pairs, early.src_words) == (14, 40, 140)
+
+
+def test_the_plan_counts_the_end_of_the_run():
+    """train.max_time covers training; the final choice on the whole val split and the test splits come after it.
+    The plan says how long (before: nothing did, and a 30-second budget took 69 s)."""
+    from mt.train.auto_finetune import FineTuneStats
+    from mt.train.auto_finetune import choose as choose_finetune
+
+    with_end = dataclasses.replace(MULTI30K, end_sentences=3 * 1_014 + 1_000)
+    notes = [c.reason for c in choose(with_end, Budget(minutes=56), SPEED) if c.key == NOTE]
+    assert any(n.startswith("after the budget: ~") and "4,042 sentences decoded" in n for n in notes), notes
+    assert not any("after the budget" in c.reason for c in choose(MULTI30K, Budget(minutes=56), SPEED))
+    stats = FineTuneStats(4_500, 30.0, 512, 2_000.0, end_sentences=2_500)
+    assert any("after the budget" in c.reason for c in choose_finetune(stats, Budget(minutes=30)))
+
+
+def test_the_corpus_stats_count_what_the_end_decodes(tmp_path):
+    from mt.train.auto_record import end_sentences
+    from tests.conftest import write_toy_corpus
+
+    corpus = write_toy_corpus(tmp_path / "c")
+    cfg = Config(data=DataConfig(name="local", dir=str(corpus), src_lang="xx", tgt_lang="yy", hub_fallback=False,
+                                 valid_split="valid", test_splits=["test"]))  # fmt: skip
+    val, test = (len((corpus / f"{s}.xx").read_text().splitlines()) for s in ("valid", "test"))
+    assert end_sentences(cfg, 0) == 3 * val + test
+    assert end_sentences(cfg, 50, parent=True) == 3 * 50 + 2 * test

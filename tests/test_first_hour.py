@@ -162,3 +162,34 @@ def test_an_unreachable_hub_is_said_in_one_line_and_not_retried(tmp_path):
     assert p.stderr.count("the Hugging Face Hub cannot be reached (127.0.0.1:") == 1
     assert "Retrying" not in p.stderr
     assert p.stderr.splitlines()[-1].endswith("put the corpus's files in data.dir, or connect to the network")
+
+
+def test_a_log_file_gets_no_bar_frames_and_the_end_of_the_run_shows_its_progress(tmp_path):
+    """Before: stderr redirected to a file held tqdm's \\r-joined frames; after "training stopped" the val and test
+    decoding ran silently. Now no frames where stderr is not a terminal, and each step of the end is logged."""
+    corpus = write_toy_corpus(tmp_path / "corpus")
+    args = ["train.py", "data=local", f"data.dir={corpus}", "data.src_lang=xx", "data.tgt_lang=yy",
+            "data.valid_split=valid", "data.test_splits=[test]", "model=transformer_tiny", "tokenizer.vocab_size=60",
+            "tokenizer.min_frequency=1", "train.max_epochs=12", "train.max_tokens=100", "train.progress=true",
+            "train.average_last=2", "train.keep_last=2", "train.device=cpu", "train.tensorboard=false",
+            "decode=greedy", f"run_dir={tmp_path / 'run'}"]  # fmt: skip
+    with open(tmp_path / "log.txt", "w") as log:
+        p = subprocess.run([sys.executable, *args], cwd=ROOT, stderr=log, stdout=subprocess.DEVNULL, timeout=300,
+                           env={"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+    text = (tmp_path / "log.txt").read_bytes().decode()  # (bytes: read_text would turn each \r into \n)
+    assert p.returncode == 0, text[-2000:]
+    assert "\r" not in text and "it/s]" not in text
+    end = text[text.index("training stopped") :]
+    assert "candidate weights" in end and "[1/" in end and "translating test (20 sentences" in end
+    assert "the end of the run took" in end
+
+
+def test_the_bar_shows_what_is_left_of_the_budget():
+    from types import SimpleNamespace
+
+    from mt.train.schedules import Budget
+    from mt.train.trainer import Trainer
+
+    budget = Budget(max_updates=100, max_time_min=2)
+    assert Trainer.budget_left(SimpleNamespace(budget=budget, update=40)).endswith(" min / 60 updates")
+    assert Trainer.budget_left(SimpleNamespace(budget=Budget(0, 0), update=5)) == "no budget"

@@ -121,6 +121,7 @@ VALIDATIONS = 10  # validations a run (at least every 100 updates), BLEU on 200 
 # tokens (KDE4's 500 held-out pairs, 6 minutes, AMD EPYC Zen 3, 2026-12-01, docs/experiments/auto.md), ~30
 # updates' worth. Without it the plan overshot the updates made by 21-22% on that host (KDE4, IWSLT TED).
 VALIDATION_TOKENS = 57_000
+VALIDATION_SENTENCES = 200  # the BLEU sentences of such a validation: the unit of the end's estimate (auto_setup)
 MIN_EPOCHS = 1.0  # a budget under one epoch is warned about
 
 
@@ -154,6 +155,7 @@ class CorpusStats:
     epochs: Mapping[int, Epoch] = field(default_factory=dict)  # max_tokens -> the epoch in such batches
     frequent_types: int = 0
     measured_at: int = 0  # the BPE vocabulary the epochs were measured with (0: whichever the rule asks about)
+    end_sentences: int = 0  # what the run's end decodes after the budget: up to 3 x val (the final choice), the tests
 
     def epoch(self, vocab: int, max_tokens: int) -> Epoch:
         """The measured epoch, scaled to `vocab`'s tokens a word where it was measured with another BPE; else the
@@ -351,6 +353,11 @@ def choose(corpus: CorpusStats, budget: Budget, speed: Speed | Mapping[str, floa
     how_long = (f"{updates:,} updates of {tokens * accumulate:,} tokens, ~{epochs:.1f} epochs ({counted}: "
                 f"{epoch.batches:,.0f} batches an epoch){at}")  # fmt: skip
     out.append(Choice(PLAN, {"updates": updates, "epochs": round(epochs, 2)}, how_long))
+    if corpus.end_sentences and not budget.updates:
+        end = corpus.end_sentences / VALIDATION_SENTENCES * VALIDATION_TOKENS / rate
+        out.append(Choice(NOTE, None, f"after the budget: ~{max(end / 60, 1):.0f} min more to choose the final "
+                          f"weights on the whole val split and score the test splits ({corpus.end_sentences:,} "
+                          "sentences decoded; train.max_time covers training)"))  # fmt: skip
     if epochs < MIN_EPOCHS:
         out.append(Choice(NOTE, None, f"WARNING: the budget holds {how_long}: less than one pass over the data; "
                           "a longer train.max_time would help more than any setting"))  # fmt: skip

@@ -34,7 +34,7 @@ from mt.model import saved
 from mt.runtime import pick_autocast, pick_device
 from mt.train import auto_ranks, finetune, probe
 from mt.train.auto import NOTE, PLAN, Budget, Choice
-from mt.train.auto_record import AUTO_FILE, block, set_key, write_record
+from mt.train.auto_record import AUTO_FILE, block, end_sentences, set_key, write_record
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +62,13 @@ class FineTuneStats:
     valid_pairs: int = 500  # the held-out pairs a validation's loss reads
     beam: int = 4  # the parent's beam (its generation config): the validations' search
     precision: str = "fp32"  # what the probe timed (train.precision=auto's choice on this machine)
+    end_sentences: int = 0  # decoded after the budget: the final choice's val passes, the test splits, the parent's
+
+
+def end_seconds(stats: FineTuneStats) -> float:
+    """What the run's end costs after the budget at this speed: `end_sentences` beam-searched."""
+    forward = stats.tokens_per_second / FORWARD_SHARE
+    return stats.end_sentences * stats.tokens_per_pair * (1 + stats.beam) / forward
 
 
 def validation_seconds(stats: FineTuneStats) -> float:
@@ -140,6 +147,10 @@ def choose(stats: FineTuneStats, budget: Budget) -> list[Choice]:
     if updates < 100:
         out.append(Choice(NOTE, None, f"WARNING: ~{updates} updates: too short a budget to adapt the parent much; "
                                       "raise train.max_time"))  # fmt: skip
+    if stats.end_sentences and budget.minutes:
+        out.append(Choice(NOTE, None, f"after the budget: ~{max(end_seconds(stats) / 60, 1):.0f} min more to choose "
+                          f"the final weights on the whole val split and score the test splits, the parent's too "
+                          f"({stats.end_sentences:,} sentences decoded; train.max_time covers training)"))  # fmt: skip
     return out
 
 
@@ -171,7 +182,9 @@ def parent_stats(cfg: Config) -> tuple[ModelConfig, FineTuneStats]:
     held = min(cfg.data.valid_from_train, len(pairs))
     beam = int(((ckpt.get("config") or {}).get("decode") or {}).get("beam_size", cfg.decode.beam_size))
     valid = held or 1_000
-    return model.cfg, FineTuneStats(len(pairs) - held, tokens, model.cfg.d_model, rate, valid, beam, precision)
+    end = end_sentences(cfg, held, parent=cfg.train.test_parent)
+    return model.cfg, FineTuneStats(len(pairs) - held, tokens, model.cfg.d_model, rate, valid, beam, precision,
+                                    end)  # fmt: skip
 
 
 def configure(cfg: Config, run_dir: Path, keys: set[str], groups: set[str], budget, ranks: int = 1) -> Config:

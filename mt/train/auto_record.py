@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from mt.config import Config
+from mt.data import read
 from mt.train.auto import NOTE, PLAN, Choice
 
 AUTO_FILE = "auto.json"
@@ -63,3 +64,21 @@ def block(choices: list[Choice], applied: list[Choice], cfg: Config) -> list[str
 def _value(cfg: Config, key: str):
     section, name = key.split(".", 1)
     return getattr(getattr(cfg, section), name)
+
+
+FINAL_CANDIDATES = 3  # the weights the end scores on the whole val split: best, last, the last checkpoints' average
+
+
+def end_sentences(cfg: Config, held: int, parent: bool = False) -> int:
+    """The sentences the end of the run decodes after the budget (mt/train/finish.py): the whole val split for each
+    candidate weights (`held`: the pairs held out as val), then every test split (twice with a `parent` to score
+    beside the run)."""
+
+    def count(split: str) -> int:
+        try:
+            return sum(1 for _ in read.TextPairs.of_split(cfg.data, split))
+        except read.DataError:
+            return 0
+
+    val = held or (count(cfg.data.valid_split) if cfg.data.valid_split else 0)
+    return FINAL_CANDIDATES * val + (1 + parent) * sum(count(split) for split in cfg.data.test_splits)

@@ -38,7 +38,7 @@ from mt.train.auto import (
     choose,
     probe_points,
 )
-from mt.train.auto_record import AUTO_FILE, block, explicit, set_key, write_record
+from mt.train.auto_record import AUTO_FILE, block, end_sentences, explicit, set_key, write_record
 from mt.train.distributed import world_and_rank
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,8 @@ def corpus_stats(cfg: Config) -> CorpusStats:
         frequent = count_frequent(types)
     held = min(cfg.data.valid_from_train, pairs)
     share = (pairs - held) / pairs
-    return CorpusStats(pairs - held, round(src_words * share), round(tgt_words * share), frequent_types=frequent)
+    return CorpusStats(pairs - held, round(src_words * share), round(tgt_words * share), frequent_types=frequent,
+                       end_sentences=end_sentences(cfg, held))  # fmt: skip
 
 
 def count_frequent(types: Counter[str]) -> int:

@@ -29,20 +29,25 @@ def finish(trainer) -> dict:
     The best checkpoint was picked on `valid_bleu_subset` sentences at the validations; the final choice scores
     every candidate on all of val, so a lucky subset score does not decide it, and a schedule that decays to zero
     at the budget's end keeps its last updates, which no validation may have seen."""
-    run_dir, tc = trainer.run_dir, trainer.tc
+    run_dir, tc, start = trainer.run_dir, trainer.tc, time.perf_counter()
     last = {k: v.detach().clone() for k, v in trainer.kept_model.state_dict().items()}
     candidates = final_candidates(run_dir, tc.average_last, (trainer.update, last))
+    tests = ", ".join(trainer.cfg.data.test_splits) or "no test split"
+    if len(candidates) > 1:  # (train.max_time is the training's: this part comes on top)
+        log.info("the end of the run: %d candidate weights (%s) scored on the whole val split, then %s",
+                 len(candidates), ", ".join(candidates), tests)  # fmt: skip
     tag = "final weights (no validation ran)"
     if len(candidates) == 1:
         tag = next(iter(candidates))
     elif candidates:
         best_metric = -math.inf
-        for name, weights in candidates.items():
+        for i, (name, weights) in enumerate(candidates.items()):
             trainer.kept_model.load_state_dict(weights)
             result = trainer.validate(bleu_subset=0)
             metric = result.get("valid_bleu", -result["valid_loss"])
             trainer.metrics.write({"kind": "final_choice", "candidate": name, "update": trainer.update, **result})
-            log.info("%s on the whole val split: %s", name, ", ".join(f"{k}={v:.3f}" for k, v in result.items()))
+            log.info("[%d/%d] %s on the whole val split: %s (%.0f s into the end)", i + 1, len(candidates), name,
+                     ", ".join(f"{k}={v:.3f}" for k, v in result.items()), time.perf_counter() - start)  # fmt: skip
             if metric > best_metric:
                 best_metric, tag = metric, name
     if candidates:
@@ -60,6 +65,7 @@ def finish(trainer) -> dict:
             trainer, trainer.cfg.data.test_splits, "the parent, before fine-tuning", model=parent, suffix=".before"
         )
         reports += evaluate_splits(trainer, [], tag, extra=finetune.parent_test_splits(trainer.run_dir))
+    log.info("the end of the run took %.0f s after training", time.perf_counter() - start)
     for line in where_it_went(run_dir, reports, lambda: first_source(trainer.cfg)):
         log.info("%s", line)
     return {"checkpoint": tag, "reports": reports}
@@ -144,6 +150,7 @@ def evaluate_splits(trainer, splits: list[str], tag: str, extra: list | None = N
                 raise
             log.warning("the parent's test split %s is not scored: %s", split, e)  # its corpus is elsewhere
             continue
+        log.info("translating %s (%s sentences, %s)...", name, f"{len(ds):,}", tag)
         start = time.perf_counter()
         model = trainer.kept_model if model is None else model
         framing = trainer.corpus.framing

@@ -17,6 +17,7 @@ import inspect
 import logging
 import math
 import signal
+import sys
 import time
 from itertools import islice
 from pathlib import Path
@@ -340,12 +341,23 @@ class Trainer:
             self.save("checkpoint_last.pt")
         return reason
 
+    def budget_left(self) -> str:
+        """What is left of the budget, as the progress bar shows it: minutes and/or updates."""
+        parts = []
+        if self.budget.max_seconds:
+            parts.append(f"{max(0.0, self.budget.max_seconds - self.budget.seconds()) / 60:.1f} min")
+        if self.budget.max_updates:
+            parts.append(f"{max(0, self.budget.max_updates - self.update):,} updates")
+        return " / ".join(parts) or "no budget"
+
     def _train_epoch(self, epoch: int) -> None:
         """Updates from the sampler's position to the end of `epoch`, or until a stop."""
         tc, it, sums = self.tc, iter(self.loader), RunningSums()
         steps, done = max(1, len(self.sampler) // tc.accumulate), self.sampler.position // tc.accumulate
-        bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}", disable=self.rank != 0 or not tc.progress,
-                   dynamic_ncols=True, leave=False)  # fmt: skip
+        # A bar for a terminal only: in a log file its frames would be `\r`-joined noise (the log's records stay).
+        shown = self.rank == 0 and tc.progress and sys.stderr.isatty()
+        bar = tqdm(total=steps, initial=done, desc=f"epoch {epoch + 1}", disable=not shown, dynamic_ncols=True,
+                   leave=False)  # fmt: skip
         while batches := list(islice(it, tc.accumulate)):
             before = self.update
             stats = self.train_step(batches)
@@ -360,7 +372,7 @@ class Trainer:
                 record.update(lr=self.scheduler.get_last_lr()[0], elapsed=self.budget.seconds())
                 if "grad_norm" in stats:  # of this update (a device tensor, read here)
                     record["grad_norm"] = float(stats["grad_norm"])
-                bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
+                bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}", left=self.budget_left())
                 self.metrics.write(record)
             if tc.valid_every and self.update % tc.valid_every == 0:
                 self._validate_and_keep_best()
