@@ -92,6 +92,10 @@ def explain(e: BaseException, args: list[str], config_name: str) -> str:
     if m := re.search(r"unknown key '(\w+)'", text):
         options = [f.name for f in dataclasses.fields(schema)]
         return f"+{m.group(1)}: no such section{_close(m.group(1), options)} (the sections: {', '.join(options)})"
+    if m := re.search(r"([\w.+]+)=(~[^:]*): token recognition error at: '~'", text):
+        key, value = m.groups()
+        return (f"{key}={value}: ~ is not expanded here; write $HOME{value[1:]} (the shell expands it) or the full "
+                "path")  # fmt: skip
     if m := re.search(r"Missing mandatory value: ([\w.]+)", text):
         return required(m.group(1))
     return f"{text}; fix the command line (--cfg job prints every key)"

@@ -542,6 +542,19 @@ ROWS = [
         _args("+experiment=auto", "train.max_time=5", "data.src_lang=yy", "data.tgt_lang=xx"),
         "a run dir holds one corpus and one direction",
     ),  # fmt: skip
+    ("tilde_in_a_path", "train", _args("data.dir=~/corpus"), "data.dir=~/corpus: ~ is not expanded here; write $HOME"),
+    (
+        "relative_data_dir_missing",
+        "train",
+        _args("data.dir=no/such/corpus"),
+        f"data.dir='no/such/corpus' is not a directory ({ROOT / 'no/such/corpus'})",
+    ),  # fmt: skip
+    (
+        "checkpoint_an_empty_folder",
+        "translate",
+        lambda c, r, t: ([f"checkpoint={(t / 'empty').mkdir() or t / 'empty'}"], None),
+        "the folder is empty: no model there",
+    ),  # fmt: skip
     ("resume_other_model", "train", _args("model.d_ff=128"), "checkpoint_last.pt: was trained with a different model"),
     ("resume_other_tokenizer", "train", _other_tokenizer, "checkpoint_last.pt: was trained with"),
     ("checkpoint_missing", "translate", _args("checkpoint=/nonexistent/model.pt"), "/nonexistent/model.pt"),
@@ -772,12 +785,12 @@ ROWS = [
         "distill_teacher_missing",
         "train",
         _distill("distill.teacher=/nonexistent/teacher"),
-        "distill.teacher: /nonexistent/teacher: no such checkpoint",
+        "distill.teacher: /nonexistent/teacher: no such file or directory",
     ),  # fmt: skip
     (
         "distill_teacher_other_direction",
         "train",
-        _distill("distill.teacher={r}", "data.src_lang=yy", "data.tgt_lang=xx"),
+        _distill("distill.teacher={r}", "data.src_lang=yy", "data.tgt_lang=xx", "run_dir={t}/reversed"),
         "translates xx->yy, not the corpus's",
     ),
     (

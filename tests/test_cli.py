@@ -224,7 +224,7 @@ def test_attention_plot_has_source_by_output_shape(smoke_run, tmp_path):
 @pytest.mark.parametrize(
     "args,input,message",
     [
-        (["checkpoint=/nonexistent"], "", "no such checkpoint"),
+        (["checkpoint=/nonexistent"], "", "no such file or directory"),
         ([], b"ok\n\xff\xfe\n", "stdin:2: bytes that are not UTF-8"),
         (["references=REFS"], "a\nb\n", "has 1 lines but the input has 2"),
         (["decode.quantize=int4"], "a\n", "decode.quantize"),

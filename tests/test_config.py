@@ -61,6 +61,7 @@ def flatten(d: dict, prefix: str = "") -> dict:
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_every_experiment_composes(experiment):
     budget = ["train.max_time=20"] if experiment in ("auto", "distill") else []  # planned for a budget the user gives
+    budget += ["distill.teacher=runs/teacher"] if experiment == "distill" else []
     cfg = to_dataclass(compose_train([f"+experiment={experiment}", *budget]))
     assert isinstance(cfg, Config)
     raw = OmegaConf.to_container(OmegaConf.load(Path(CONF) / "experiment" / f"{experiment}.yaml"))

@@ -58,16 +58,24 @@ def read_bytes(path: Path) -> bytes:
         raise DataError(f"{path}: cannot be read ({e.strerror}); check the path and its permissions") from None
 
 
+def shown(path: Path | str) -> str:
+    """A path as an error names it: absolute (a relative one from where the command ran), so that a data.dir meant
+    from elsewhere is seen at once."""
+    return str(Path(path).absolute())
+
+
 def find_split(dir: Path, split: str, lang: str) -> Path:
     """`{dir}/{split}.{lang}`, or the same with `.gz`."""
     for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
         if (dir / name).is_file():
             return dir / name
     hint = layout_hint(dir, split, lang)
+    names = sorted(p.name for p in dir.iterdir()) if dir.is_dir() else []
+    there = f"files there: {', '.join(names[:12])}" if names else "the folder is empty"
     raise DataError(
-        f"{dir / f'{split}.{lang}'}[.gz]: no such file; "
+        f"{shown(dir / f'{split}.{lang}')}[.gz]: no such file; "
         + (hint or "check data.dir, the split name and the language")
-        + f" (files there: {', '.join(sorted(p.name for p in dir.iterdir())[:12]) if dir.is_dir() else 'none'})"
+        + f" ({there})"
     )
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from mt.config import CorpusConfig, DataConfig
 from mt.data import hub_offline, tmx
-from mt.data.files import find_split, read_lines
+from mt.data.files import find_split, read_lines, shown
 from mt.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -127,7 +127,7 @@ def _parallel_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
 def _tsv_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
     path = dir / f"{split}.tsv"
     if not path.is_file():
-        raise DataError(f"{path}: no such file; check data.dir and the split name")
+        raise DataError(f"{shown(path)}: no such file; check data.dir and the split name")
     for lang in (cfg.src_lang, cfg.tgt_lang):
         if lang not in cfg.columns:
             raise DataError(
@@ -147,7 +147,7 @@ def _tsv_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
 def _jsonl_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
     path = dir / f"{split}.jsonl"
     if not path.is_file():
-        raise DataError(f"{path}: no such file; check data.dir and the split name")
+        raise DataError(f"{shown(path)}: no such file; check data.dir and the split name")
     reads = f"jsonl keys {cfg.src_lang!r} -> {cfg.tgt_lang!r}"
     kwargs = {"path": str(path), "src": cfg.src_lang, "tgt": cfg.tgt_lang}
     kwargs["fingerprint"] = _fingerprint(path, reads=reads)
@@ -210,7 +210,8 @@ def _tmx_reader(dir: Path, split: str, cfg: DataConfig) -> Reader:
 
 def _local_reader(cfg: DataConfig, split: str) -> Reader:
     if cfg.dir is None or not Path(cfg.dir).is_dir():
-        raise DataError(f"data.dir={cfg.dir!r} is not a directory; point data.dir at the corpus")
+        where = f" ({shown(cfg.dir)})" if cfg.dir and not Path(cfg.dir).is_absolute() else ""
+        raise DataError(f"data.dir={cfg.dir!r} is not a directory{where}; point data.dir at the corpus")
     reader = {"parallel": _parallel_reader, "tsv": _tsv_reader, "jsonl": _jsonl_reader, "tmx": _tmx_reader}[cfg.format]
     return reader(Path(cfg.dir), split, cfg)
 

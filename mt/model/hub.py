@@ -52,7 +52,7 @@ def looks_like_hub_id(source: str) -> bool:
     return bool(HUB_ID.fullmatch(source)) and not Path(source).exists()
 
 
-def _listing(dir: Path, most: int = 6) -> str:
+def listing(dir: Path, most: int = 6) -> str:
     names = sorted(p.name for p in dir.iterdir())
     return "holds " + ", ".join(names[:most]) + (", ..." if len(names) > most else "") if names else "empty"
 
@@ -67,7 +67,7 @@ def fetch(repo_id: str) -> Path:
     owner = Path(repo_id.split("/")[0])
     # `runs/quickstart_en-de` is a local path whose run is not there, not a Hub id: say that, not "download it"
     if owner.is_dir():
-        local = f"; {owner}/ is a local directory here ({_listing(owner)}): if {repo_id} is yours, check the path"
+        local = f"; {owner}/ is a local directory here ({listing(owner)}): if {repo_id} is yours, check the path"
     else:  # runs/: where train.py writes, so never a Hub owner's name here
         local = f"; {owner}/ does not exist here: train first, or check the path" if str(owner) == "runs" else ""
     offline = hub_offline.go_offline(f"reading {repo_id}")

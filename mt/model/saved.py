@@ -61,6 +61,12 @@ def _unpickle(path: Path) -> dict:
     return state
 
 
+KINDS = (
+    "give a run dir, a .pt file written by train.py, a release or CTranslate2 export, or a transformers folder "
+    "(config.json with the weights and tokenizer files) or Hub id"
+)
+
+
 def load(path: str | Path) -> dict:
     """Load a checkpoint onto the CPU: a .pt file, a run dir (its final, else best, else last checkpoint), a release
     dir (`mt.export release`: safetensors, no pickle), a CTranslate2 export (`mt.export ctranslate2`), or a
@@ -84,11 +90,11 @@ def load(path: str | Path) -> dict:
                 path = path / name
                 break
         else:
-            raise CheckpointError(
-                f"{path}: no checkpoint_best.pt or checkpoint_last.pt; train first or pass a .pt file"
-            )
+            what = "is empty" if not any(path.iterdir()) else hub.listing(path)
+            raise CheckpointError(f"{path}: the folder {what}: no model there (a run dir's checkpoint_final.pt, a "
+                                  f"release, a CTranslate2 export or a transformers config.json); {KINDS}")  # fmt: skip
     if not path.is_file():
-        raise CheckpointError(f"{path}: no such checkpoint; pass a run dir or a .pt file written by train.py")
+        raise CheckpointError(f"{path}: no such file or directory ({path.absolute()}); {KINDS}")
     ckpt = _unpickle(path)
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT_VERSION or "model" not in ckpt:
         raise CheckpointError(f"{path}: not a checkpoint of this toolkit (format {FORMAT_VERSION})")

@@ -182,7 +182,8 @@ def check_run_dir(config, run_dir: Path) -> None:
     except Exception:
         return  # an unreadable checkpoint: resuming names it (or falls back to the one it replaced)
     now = run_fingerprint(asdict(config), 1)
-    check_fingerprint(path, saved, {k: now[k] for k in TASK_KEYS}, anyway=False)
+    derived = ("data.corpora",) if config.distill.enabled else ()  # the teacher's corpora, made after this check
+    check_fingerprint(path, saved, {k: now[k] for k in TASK_KEYS if k not in derived}, anyway=False)
 
 
 def restore_training(path: Path, model: Transformer, vocabs: Vocabs, resumable: dict) -> dict:

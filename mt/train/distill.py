@@ -27,6 +27,7 @@ from mt.config import Config, ConfigError, CorpusConfig, checkpoint_list
 from mt.data import read
 from mt.data.files import read_lines
 from mt.data.holdout import Without, hold_out
+from mt.data.hub_vocab import same_language
 from mt.decode.teacher import TeacherText, cache_key, count_text_lines, minutes
 from mt.decode.translator import Translator, decode_settings
 from mt.errors import USER_ERRORS, DataError
@@ -54,21 +55,21 @@ def load_teacher(cfg: Config) -> Translator:
 def _load_teacher(cfg: Config) -> Translator:
     ckpts = [saved.load(p) for p in checkpoint_list(cfg.distill.teacher)]
     dc = cfg.data
-    for ckpt in ckpts:
-        data = (ckpt.get("config") or {}).get("data") or {}
-        pair = (data.get("src_lang"), data.get("tgt_lang"))  # an imported model's: what its tokenizer says
-        if data.get("directions") or all(a in (None, b) for a, b in zip(pair, (dc.src_lang, dc.tgt_lang))):
-            continue
-        raise ConfigError(f"distill.teacher={ckpt['path']} translates {pair[0] or '?'}->{pair[1] or '?'}, not the "
-                          f"corpus's {dc.src_lang}->{dc.tgt_lang}; give a teacher of this direction")  # fmt: skip
     settings = decode_settings((ckpts[0].get("config") or {}).get("decode"), {})
     teacher = Translator.open(ckpts, settings, pick_device(cfg.train.device), "fp32", src_lang=dc.src_lang)
     teacher.checkpoints = ckpts  # an ensemble's every model: the cache is keyed by all of them
-    try:
-        teacher.target_id()
-    except ConfigError:  # a multilingual teacher: the corpus's target language (an unknown one fails here)
+    if teacher.targets or getattr(teacher.vocabs, "languages", None):  # multilingual: the corpus's pair, any it knows
+        teacher.framing(dc.tgt_lang)  # (a language it has no token for fails here)
         teacher.target_id(dc.tgt_lang)
         teacher.tgt_lang = dc.tgt_lang
+        return teacher
+    for ckpt in ckpts:
+        data = (ckpt.get("config") or {}).get("data") or {}
+        pair = (data.get("src_lang"), data.get("tgt_lang"))  # an imported model's: what its tokenizer says
+        if all(a is None or same_language(a, b) for a, b in zip(pair, (dc.src_lang, dc.tgt_lang))):
+            continue
+        raise ConfigError(f"distill.teacher={ckpt['path']} translates {pair[0] or '?'}->{pair[1] or '?'}, not the "
+                          f"corpus's {dc.src_lang}->{dc.tgt_lang}; give a teacher of this direction")  # fmt: skip
     return teacher
 
 
