@@ -54,7 +54,8 @@ def main(dcfg: DictConfig) -> None:
         if rank != 0:
             logging.getLogger().setLevel(logging.WARNING)
         if cfg.distill.enabled:  # stage 1: the teacher's translations become the training corpora (mt/train/distill.py)
-            cfg = auto_ranks.agree(cfg, lambda: distill.prepare(cfg, run_dir, job_start))
+            overrides = list(HydraConfig.get().overrides.task)
+            cfg = auto_ranks.agree(cfg, lambda: distill.prepare(cfg, run_dir, job_start, overrides))
         if cfg.auto.enabled:  # the recipe chosen from the corpus and the budget (mt/train/auto.py)
             cfg = auto_setup.configure(cfg, run_dir, list(HydraConfig.get().overrides.task), job_start)
             if cfg.auto.dry_run:

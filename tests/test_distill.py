@@ -223,3 +223,31 @@ def test_a_transformers_teacher_runs_the_whole_command_and_translates_as_generat
     assert (folder / "train.en").read_text().splitlines() == [t.strip() for t in hf_texts(path, name, sources, beams)]
     if not extra:
         assert json.loads((tmp_path / "run" / "test.report.json").read_text())["teacher"]["ct2_int8_size_mb"] > 0
+
+
+def test_the_students_shape_is_the_largest_at_the_wanted_speed():
+    """choose_student: the first shape (largest first) at distill.min_speedup or more; none: the fastest, warned."""
+    from mt.train.distill_probe import SpeedProbe, choose_student
+
+    probes = {name: SpeedProbe(ratio, 10, 64, 1) for name, ratio in (("big", 3.0), ("mid", 6.0), ("small", 9.0))}
+    assert choose_student(probes, 5.0)[0] == "mid"
+    name, why = choose_student(probes, 10.0)
+    assert name == "small" and why.startswith("WARNING: no shape reaches 10x")
+
+
+def test_the_plan_times_each_shape_against_the_teacher_and_the_command_line_wins(toy_run, caplog):
+    from mt.train.distill_probe import STUDENT_SHAPES
+
+    teacher = Translator.load(toy_run, device="cpu")
+    lines = lambda: iter(["the cat sees a dog", "a big red house and a tree"] * 40)  # noqa: E731
+    cfg = make_config(Path("."), Path("."))
+    with caplog.at_level("INFO", logger="mt.train.distill"):
+        probe = distill.check_speed(cfg, teacher, lines, given=set())
+    assert cfg.model.name in STUDENT_SHAPES and probe.ratio > 0
+    assert cfg.model.d_model == STUDENT_SHAPES[cfg.model.name]["d_model"]
+    assert all(f"model={name}" in caplog.text for name in STUDENT_SHAPES)
+    assert "the student's shape: " + cfg.model.name in caplog.text
+    mine = make_config(Path("."), Path("."))
+    before = mine.model
+    distill.check_speed(mine, teacher, lines, given={"model.d_model"})
+    assert mine.model == before

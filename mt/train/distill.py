@@ -19,7 +19,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from itertools import islice
 from pathlib import Path
 
@@ -34,7 +34,7 @@ from mt.errors import USER_ERRORS, DataError
 from mt.model import saved
 from mt.runtime import pick_device
 from mt.train.checkpoint import resume_path
-from mt.train.distill_probe import SAMPLE, SpeedProbe, speed_ratio
+from mt.train.distill_probe import SAMPLE, SHAPE_KEYS, STUDENT_SHAPES, SpeedProbe, StudentTimer, choose_student
 
 log = logging.getLogger(__name__)
 RECORD = "distill.json"  # the run dir's record of stage 1: the teacher, the caches, the lines, the speed
@@ -93,8 +93,10 @@ class SourceText:
         return (line.strip() for line in read_lines(self.path))
 
 
-def prepare(cfg: Config, run_dir: Path, job_start: float) -> Config:
-    """Stage 1 and the plan; returns `cfg` with the teacher's translations as its training corpora."""
+def prepare(cfg: Config, run_dir: Path, job_start: float, overrides: list[str] = ()) -> Config:
+    """Stage 1 and the plan; returns `cfg` with the teacher's translations as its training corpora and the
+    student's shape (`overrides`: the command line, whose shape wins)."""
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     d = cfg.distill
     extra = SourceText(Path(d.source_text).expanduser()) if d.source_text else None  # a bad file fails first
     teacher = load_teacher(cfg)
@@ -114,7 +116,10 @@ def prepare(cfg: Config, run_dir: Path, job_start: float) -> Config:
         first = caches[0].fill(translate, texts[0][2], min(d.chunk_lines, 200), n_train, d.chunk_lines)
         rate = first.lines_per_s
     wanted = plan(cfg, texts, caches, rate, job_start, resuming)
-    probe = check_speed(cfg, teacher, texts[0][2]) if d.min_speedup and not resuming else None
+    probe = check_speed(cfg, teacher, texts[0][2], given) if d.min_speedup and not resuming else None
+    if resuming:  # the shape the student started with
+        shape = json.loads((run_dir / RECORD).read_text()).get("student_model") or {}
+        cfg.model = replace(cfg.model, **{k: v for k, v in shape.items() if k in SHAPE_KEYS or k == "name"})
     if started and not resuming:
         raise ConfigError(f"run_dir={run_dir} holds the checkpoints of a run that is not a distillation (it has no "
                           f"{RECORD}); give another run_dir")  # fmt: skip
@@ -122,6 +127,7 @@ def prepare(cfg: Config, run_dir: Path, job_start: float) -> Config:
               "lines_per_s": rate, "texts": []}  # fmt: skip
     if probe is not None:
         record["student_speedup"] = asdict(probe)
+    record["student_model"] = {"name": cfg.model.name, **{k: getattr(cfg.model, k) for k in SHAPE_KEYS}}
     for (what, _, lines, total), cache, n in zip(texts, caches, wanted):
         start = time.perf_counter()
         done = cache.fill(translate, lines, n, total, d.chunk_lines)
@@ -140,10 +146,25 @@ def prepare(cfg: Config, run_dir: Path, job_start: float) -> Config:
     return cfg
 
 
-def check_speed(cfg: Config, teacher: Translator, lines) -> SpeedProbe:
-    """The student's shape timed against the teacher (mt/train/distill_probe.py), logged; under
-    `distill.min_speedup` a warning names what makes it faster."""
-    probe = speed_ratio(teacher, cfg.model, cfg.tokenizer.vocab_size, list(islice(lines(), SAMPLE)))
+def check_speed(cfg: Config, teacher: Translator, lines, given: set[str]) -> SpeedProbe:
+    """The student's shape timed against the teacher (mt/train/distill_probe.py) and logged: the command line's
+    shape (model=... or a model.* shape key), under `distill.min_speedup` with a warning naming what makes it
+    faster; else the largest of STUDENT_SHAPES that decodes `distill.min_speedup` times the teacher's speed, set in
+    `cfg.model`."""
+    timer = StudentTimer(teacher, list(islice(lines(), SAMPLE)))
+    vocab = cfg.tokenizer.vocab_size
+    if "model" not in given and not given & {f"model.{k}" for k in SHAPE_KEYS}:
+        probes = {name: timer.ratio(replace(cfg.model, name=name, **shape), vocab)
+                  for name, shape in STUDENT_SHAPES.items()}  # fmt: skip
+        for name, probe in probes.items():
+            log.info("distill plan: %s", probe.describe(name))
+        name, why = choose_student(probes, cfg.distill.min_speedup)
+        (log.warning if why.startswith("WARNING") else log.info)(
+            "distill plan: the student's shape: %s (%s); model=... or model.* keys set another", name, why
+        )
+        cfg.model = replace(cfg.model, name=name, **STUDENT_SHAPES[name])
+        return probes[name]
+    probe = timer.ratio(cfg.model, vocab)
     log.info("distill plan: %s", probe.describe(cfg.model.name))
     if probe.ratio < cfg.distill.min_speedup:
         log.warning("distill: the student is not %gx faster than its teacher here (%.1fx): a smaller student "
