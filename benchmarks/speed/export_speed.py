@@ -16,6 +16,11 @@ lines on which the export's output equals this project's under the same settings
 by length^alpha too (</s> counted, as here) and stops a sentence at its fifth finished hypothesis
 (`early_stopping=True` in the export's generation_config.json), so it is compared under the same pair of settings.
 
+CTranslate2 is timed twice: through this project's wrapper (`checkpoint=` an export: one `translate_batch` over
+every line at the longest line's limit, then the lines that reached their own limit again under it, so that each
+line gets what it would alone) and as its users call it ("one translate_batch": every line at the longest line's
+limit, CTranslate2's own batching). On a trained model whose lines end with </s> the two take the same time.
+
 The transformers rows load the export from disk (`python -m mt.export transformers` into the temporary directory,
 then `AutoModelForSeq2SeqLM.from_pretrained`), as a user would; `generate` gets this project's per-line length
 limit as `max_new_tokens` (`mt.export.hugging_face.generate_ids`, lines grouped by limit, 64 a batch). The last
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -45,6 +51,7 @@ from mt.config import DataConfig, DecodeConfig  # noqa: E402
 from mt.data import read  # noqa: E402
 from mt.decode.batched import translate_ids  # noqa: E402
 from mt.decode.ct2 import CTranslate2Model  # noqa: E402
+from mt.decode.search import output_cap  # noqa: E402
 from mt.evaluate.report import score  # noqa: E402
 from mt.export.formats import write_ctranslate2  # noqa: E402
 from mt.export.hugging_face import export_transformers, generate_ids  # noqa: E402
@@ -99,6 +106,12 @@ def main() -> None:
     def export(q):
         return lambda c: ct2[q].translate_ids(src_ids, c)
 
+    def native(q):  # CTranslate2 as its users call it: one translate_batch, the longest line's limit for all
+        sources, _, lead = ct2[q].framed(src_ids, None, None)
+        cap = output_cap(model, run_decode)
+        limit = max(min(math.floor((len(s) + 1) * run_decode.max_len_a + run_decode.max_len_b), cap) for s in src_ids)
+        return lambda c: ct2[q]._decode(list(range(len(sources))), sources, None, lead, limit, c)
+
     def hugging_face(c):
         hf.generation_config.length_penalty = c.length_penalty  # what the export writes for this alpha
         return [[SimpleNamespace(tokens=t)] for t in generate_ids(hf, src_ids, c)]
@@ -115,6 +128,8 @@ def main() -> None:
         "this project int8, beam 5": (ours(model8), ct2_beam, "beam 5", avg),
         "CTranslate2 float32, beam 5": (export("float32"), ct2_beam, "beam 5", avg),
         "CTranslate2 int8, beam 5": (export("int8"), ct2_beam, "beam 5", avg),
+        "CTranslate2 float32, beam 5, one translate_batch": (native("float32"), ct2_beam, "beam 5", avg),
+        "CTranslate2 int8, beam 5, one translate_batch": (native("int8"), ct2_beam, "beam 5", avg),
         f"transformers {architecture} fp32, beam 5": (hugging_face, ct2_beam, "beam 5", avg),
     }
     for decode, cfg, _, _ in runs.values():  # untimed: first-call set-up (thread pools, allocations)

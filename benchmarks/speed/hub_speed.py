@@ -13,10 +13,12 @@ project's batcher at --max-tokens) through this project's trainer (`Trainer.trai
 lr schedule) and through transformers' `Seq2SeqTrainer` (AdamW, label smoothing 0.1, the same learning rate), the
 two interleaved in rounds; target tokens per second of each update after the first two (allocation) of a round.
 This project is timed in fp32 and in the precision its trainer picks on this CPU (train.precision=auto).
-`decode`: beam 4 with the checkpoint's generation settings over EMEA test lines: this project's search, transformers'
-`generate()` (this project's per-line length limit as max_length) and CTranslate2 (the checkpoint converted by
-CTranslate2's own converter, ct2-transformers-converter's code); random weights write every line to its limit, so
-each decoder does the same steps. `memory`: a child process fine-tunes --updates updates at --max-tokens and
+`decode`: beam 4 with the checkpoint's generation settings over EMEA test lines: this project's search and
+transformers' `generate()` (this project's per-line length limit as max_length); random weights write every line to
+its limit, so each decoder does the same steps. CTranslate2 is not timed here: called as its users call it (one
+`translate_batch`, one length limit) it would decode every line of random weights to the longest line's limit;
+benchmarks/speed/export_speed.py times it on a trained model, whose lines end with </s>.
+`memory`: a child process fine-tunes --updates updates at --max-tokens and
 reports its peak resident memory (ru_maxrss), the model, gradients and Adam's moments included.
 """
 
@@ -194,31 +196,22 @@ def cmd_train(args) -> None:
 
 
 def cmd_decode(args) -> None:
-    from ctranslate2.converters import TransformersConverter
     from transformers import AutoModelForSeq2SeqLM
 
-    from mt.decode.ct2 import CTranslate2Model
     from mt.decode.translator import Translator
     from mt.export.hugging_face import generate_ids
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_opus(Path(tmp) / "opus")
-        TransformersConverter(str(path)).convert(str(Path(tmp) / "ct2"))
         translator = Translator.load(path)
         decode = translator.settings(beam_size=4, max_len_a=1.0, max_len_b=5)
         hf = AutoModelForSeq2SeqLM.from_pretrained(path).eval()
-        ct2 = CTranslate2Model.__new__(CTranslate2Model)
-        import ctranslate2
-
-        ct2.translator = ctranslate2.Translator(str(Path(tmp) / "ct2"), device="cpu", intra_threads=args.threads)
-        ct2.vocabs, ct2.cfg = translator.vocabs, translator.model.cfg
         src = translator.encode_sources(lines("test", "de", args.lines))
         framing = translator.framing()
         systems = {"this project, beam 4": lambda: [h[0].tokens for h in translator.hypotheses(
                        lines("test", "de", args.lines), decode)[1]],
-                   "transformers generate(), beam 4": lambda: generate_ids(hf, src, decode, framing=framing),
-                   "CTranslate2 float32, beam 4": lambda: [h[0].tokens for h in ct2.translate_ids(
-                       src, decode, framing=framing)]}  # fmt: skip
+                   "transformers generate(), beam 4": lambda: generate_ids(hf, src, decode,
+                                                                           framing=framing)}  # fmt: skip
         times: dict[str, list[float]] = {n: [] for n in systems}
         out_tokens = {}
         for _ in range(args.repeats):
@@ -300,7 +293,6 @@ def main() -> None:
     d = sub.add_parser("decode")
     d.add_argument("--lines", type=int, default=200)
     d.add_argument("--repeats", type=int, default=2)
-    d.add_argument("--threads", type=int, default=torch.get_num_threads())
     m = sub.add_parser("memory")
     m.add_argument("--shape", choices=("opus", "nllb"), default="opus")
     m.add_argument("--max-tokens", type=int, nargs="+", default=[2048])
