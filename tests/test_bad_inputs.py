@@ -307,6 +307,17 @@ def _hub_copy(name: str, drop: str | None = None, config: dict | None = None, *a
     return setup
 
 
+def _fresh(setup):
+    """A row's setup with a run dir of its own: its corpus is not the finished run's (another format, directions,
+    corpora), which in the finished run's dir would be refused first, as another task's dir."""
+
+    def fresh(c, r, t):
+        args, stdin = setup(c, r, t)
+        return [*args, f"run_dir={t / 'fresh'}"], stdin
+
+    return fresh
+
+
 def _hub_parent(name: str):
     """A tiny transformers checkpoint (tests/hub_models.py: de->en) as the parent of a run on the xx->yy corpus."""
 
@@ -490,7 +501,7 @@ ROWS = [
     (
         "hub_fallback_folder_missing",
         "train",
-        _args("data=multi30k", "data.dir=/nonexistent/multi30k"),
+        _fresh(_args("data=multi30k", "data.dir=/nonexistent/multi30k")),
         "data.dir='/nonexistent/multi30k' is not a directory, and hub dataset",
     ),  # fmt: skip
     ("file_unreadable", "train", _dangling, "train.yy"),
@@ -498,9 +509,9 @@ ROWS = [
     ("not_utf8", "train", _not_utf8, "train.xx:3: bytes that are not UTF-8"),
     ("gzip_truncated", "train", _truncated_gzip, "train.xx.gz: not a readable gzip file"),
     ("corpus_empty", "train", _empty, "no non-empty sentence pairs"),
-    ("tsv_wrong_columns", "train", _tsv, "train.tsv:5: 1 tab-separated field(s)"),
-    ("jsonl_not_json", "train", _jsonl("{not json"), "train.jsonl:7: not valid JSON"),
-    ("jsonl_lacks_language", "train", _jsonl('{"xx": "a dog"}'), "train.jsonl:7: no 'xx' and 'yy' keys"),
+    ("tsv_wrong_columns", "train", _fresh(_tsv), "train.tsv:5: 1 tab-separated field(s)"),
+    ("jsonl_not_json", "train", _fresh(_jsonl("{not json")), "train.jsonl:7: not valid JSON"),
+    ("jsonl_lacks_language", "train", _fresh(_jsonl('{"xx": "a dog"}')), "train.jsonl:7: no 'xx' and 'yy' keys"),
     ("language_unknown", "train", _args("data.src_lang=fr"), "train.fr"),
     ("same_languages", "train", _args("data.tgt_lang=xx"), "data.src_lang and data.tgt_lang"),
     # config
@@ -759,13 +770,13 @@ ROWS = [
     (
         "directions_corpus_with_a_tag",
         "train",
-        lambda c, r, t: (["data.directions=[xx-yy]", f"data.corpora=[{{dir:'{c}',tag:'<bt>'}}]"], None),
+        _fresh(lambda c, r, t: (["data.directions=[xx-yy]", f"data.corpora=[{{dir:'{c}',tag:'<bt>'}}]"], None)),
         "data.corpora[0].tag=<bt>: in a data.directions run",
     ),
     (
         "directions_tokenizer_without_token",
         "train",
-        lambda c, r, t: (["data.directions=[xx-yy]", f"tokenizer.path={r / 'tokenizer.json'}"], None),
+        _fresh(lambda c, r, t: (["data.directions=[xx-yy]", f"tokenizer.path={r / 'tokenizer.json'}"], None)),
         "has no <2yy> token",
     ),
     # a user's own corpus and paths
@@ -774,9 +785,9 @@ ROWS = [
     ("test_split_line_counts", "train", _test_split_cut, "test.xx has 20 lines but"),
     ("opus_moses_file_names", "train", _opus_names, "data.train_split=EMEA.xx-yy"),
     ("a_folder_of_tsv_files", "train", _as_tsv(False), "the folder holds train.tsv: add data.format=tsv"),
-    ("tsv_with_an_unnamed_column", "train", _as_tsv(True), "3 tab-separated fields but data.columns names 2"),
-    ("tmx_without_the_languages", "train", _tmx_of("de", "en"), "no translation unit holds both xx and yy"),
-    ("tmx_not_xml", "train", _tmx_of(None, None), "train.tmx: not well-formed XML"),
+    ("tsv_with_an_unnamed_column", "train", _fresh(_as_tsv(True)), "3 tab-separated fields but data.columns names 2"),
+    ("tmx_without_the_languages", "train", _fresh(_tmx_of("de", "en")), "no translation unit holds both xx and yy"),
+    ("tmx_not_xml", "train", _fresh(_tmx_of(None, None)), "train.tmx: not well-formed XML"),
     ("local_path_like_a_hub_id", "translate", _args("checkpoint=runs/no-such-run"), "runs/no-such-run: no such dir"),
     # distillation (+experiment=distill)
     ("distill_without_teacher", "train", _args("+experiment=distill", "train.max_updates=5"), "needs a teacher"),
@@ -834,7 +845,12 @@ ROWS = [
     ),
     ("init_from_shape_override", "train", _parent("model.d_ff=96"), "model.d_ff=96: the parent"),
     ("init_from_other_tokenizer", "train", _parent_other_tokenizer, "not the tokenizer of the parent"),
-    ("init_from_without_direction_token", "train", _parent("data.directions=[xx-yy]"), "its tokenizer has no <2yy>"),
+    (
+        "init_from_without_direction_token",
+        "train",
+        _fresh(_parent("data.directions=[xx-yy]")),
+        "its tokenizer has no <2yy>",
+    ),
     (
         "init_from_transformers_other_direction",
         "train",

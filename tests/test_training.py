@@ -639,7 +639,10 @@ def test_test_report_truncates_lines_longer_than_the_model(toy_corpus, tmp_path)
     assert report["sentences"] == 21 and len((tmp_path / "run" / "test.hyp").read_text().splitlines()) == 21
 
 
-def test_progress_bar_shows_only_when_asked(toy_corpus, tmp_path, capsys):
+def test_progress_bar_shows_only_when_asked(toy_corpus, tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar is drawn
     make_trainer(toy_corpus, tmp_path / "a", max_epochs=1, progress=True).fit(job_start=0)
     assert "epoch 1" in capsys.readouterr().err  # the tqdm bar, on stderr
     make_trainer(toy_corpus, tmp_path / "b", max_epochs=1, progress=False).fit(job_start=0)
