@@ -137,3 +137,14 @@ def test_the_model_card_of_a_fine_tuned_import_names_its_parent_and_licence(tmp_
     assert "| test.before (the parent, before fine-tuning) | 20.00" in body
     assert body.index("| test | 30.00") < body.index("| test.before")
     assert f"cc-by-nc-4.0, the licence of `{parent}`" in body
+
+
+def test_an_import_then_export_keeps_the_checkpoints_own_forced_first_token(tmp_path):
+    """Before: generation_config.json's forced_bos_token_id was dropped on the way back."""
+    from mt.export.hugging_face import export_transformers
+
+    tokenizer = json.loads((hub_model("nllb") / "tokenizer.json").read_text())
+    fra = next(t["id"] for t in tokenizer["added_tokens"] if t["content"] == "fra_Latn")
+    hf = nllb_copy(tmp_path / "hf", generation={"forced_bos_token_id": fra})
+    out = export_transformers(str(hf), tmp_path / "back")
+    assert json.loads((out / "generation_config.json").read_text())["forced_bos_token_id"] == fra
