@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from mt.model import saved
 from mt.config import TranslateConfig, register_configs
 from mt.errors import USER_ERRORS
+from mt.decode.confidence import check_confidence_model
 from mt.decode.loading import glossary_of, run_decode_settings
 from mt.evaluate.translate_files import translate_stream, translate_whole
 from mt.runtime import keep_freed_memory_in_the_heap, pick_device, prefer_expandable_segments
@@ -56,6 +57,7 @@ def main(dcfg: DictConfig) -> None:
             d.length_penalty_type,
             d.length_penalty,
         )
+        check_confidence_model(translator, cfg.confidence)
         translator.target_id()  # a multilingual model without tgt_lang: the one-line error before reading input
         translator.glossary = glossary_of(cfg)
         if cfg.glossary or cfg.constraints:  # refused now, not at the first line that holds a term

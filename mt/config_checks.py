@@ -215,6 +215,26 @@ def validate_corpora(cfg: Config) -> None:
             raise ConfigError(f"{where}.tag needs a tokenizer trained with it; unset tokenizer.path")
 
 
+def check_confidence(cfg: TranslateConfig) -> None:
+    """translate.py's output_format, flag_below, confidence and mc_passes, against each other and the options they
+    cannot go with."""
+    _choice("output_format", cfg.output_format, ("text", "jsonl"))
+    _choice("confidence", cfg.confidence, ("logprob", "mc_dropout"))
+    if cfg.output_format != "jsonl":
+        for key, unset in (("flag_below", None), ("confidence", "logprob")):
+            if getattr(cfg, key) != unset:
+                raise ConfigError(f"{key}={getattr(cfg, key)} marks lines of output_format=jsonl; add that")
+        return
+    if cfg.decode.nbest > 1:
+        raise ConfigError("output_format=jsonl writes one scored translation a line; n-best lists (decode.nbest="
+                          f"{cfg.decode.nbest}) carry their scores already: unset one of them")  # fmt: skip
+    if cfg.split:
+        raise ConfigError("output_format=jsonl scores lines translated whole; unset split (or translate one sentence "
+                          "a line)")  # fmt: skip
+    if cfg.confidence == "mc_dropout" and cfg.mc_passes < 2:
+        raise ConfigError(f"mc_passes={cfg.mc_passes}: MC dropout needs 2 or more passes (10 is usual)")
+
+
 def to_dataclass(cfg: DictConfig) -> Any:
     """Turn a composed DictConfig into its schema dataclass, checked: train.py's (`validate`), translate.py's and
     serve.py's."""
@@ -228,6 +248,7 @@ def to_dataclass(cfg: DictConfig) -> Any:
         _choice("input_errors", obj.input_errors, ("strict", "replace"))
         if obj.stream_lines < 1:
             raise ConfigError(f"stream_lines={obj.stream_lines} is below its minimum 1; fix the override")
+        check_confidence(obj)
     elif isinstance(obj, ServeConfig):
         validate_decode(obj.decode)
         _choice("precision", obj.precision, ("auto", "fp32", "bf16", "fp16"))

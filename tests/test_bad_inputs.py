@@ -230,6 +230,12 @@ def _constraints_ct2(c, r, t):
     return [f"checkpoint={t / 'ct2'}", f"constraints={write(t / 'cons.txt', 'house')}", "decode.beam_size=2"], None
 
 
+def _mc_dropout_ct2(c, r, t):
+    p = run(["-m", "mt.export", "ctranslate2", str(r), str(t / "ct2")])
+    assert p.returncode == 0, p.stderr.decode()[-2000:]
+    return [f"checkpoint={t / 'ct2'}", "output_format=jsonl", "confidence=mc_dropout"], "the cat\n"
+
+
 def _glossary_ct2(c, r, t):
     p = run(["-m", "mt.export", "ctranslate2", str(r), str(t / "ct2")])
     assert p.returncode == 0, p.stderr.decode()[-2000:]
@@ -623,6 +629,23 @@ ROWS = [
         "max_glossary_terms=0 is below its minimum",
     ),
     ("batch_rows_zero", "serve", _args(CK, "batch_rows=0"), "batch_rows=0 is below its minimum 1"),
+    ("output_format_unknown", "translate", _args(CK, "output_format=json"), "output_format='json' is not one of"),
+    (
+        "output_format_jsonl_with_nbest",
+        "translate",
+        _args(CK, "output_format=jsonl", "decode.nbest=2", "decode.beam_size=2"),
+        "output_format=jsonl writes one scored translation a line",
+    ),
+    ("output_format_jsonl_with_split", "translate", _args(CK, "output_format=jsonl", "split=true"), "unset split"),
+    ("flag_below_without_jsonl", "translate", _args(CK, "flag_below=-1"), "flag_below=-1.0 marks lines of"),
+    ("confidence_unknown", "translate", _args(CK, "output_format=jsonl", "confidence=qe"), "confidence='qe' is not"),
+    (
+        "mc_passes_one",
+        "translate",
+        _args(CK, "output_format=jsonl", "confidence=mc_dropout", "mc_passes=1"),
+        "mc_passes=1: MC dropout needs 2 or more passes",
+    ),
+    ("mc_dropout_with_ctranslate2", "translate", _mc_dropout_ct2, "confidence=mc_dropout needs this project's model"),
     ("split_with_nbest", "translate", _args(CK, "split=true", "decode.nbest=2", "decode.beam_size=2"), "split=true: a"),
     ("split_with_plot", "translate", _args(CK, "split=true", "plot_attention=/tmp/a.png"), "unset split"),
     ("sampling_with_beam", "translate", _args(CK, "decode=sample", "decode.beam_size=4"), "decode.beam_size=1, not 4"),

@@ -17,6 +17,7 @@ tokenizers and its decoding settings; text in, translations out.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import re
 import sys
@@ -27,9 +28,9 @@ from typing import TextIO
 import torch
 
 from mt.config import ConfigError, DecodeConfig, checkpoint_list, validate_decode
-from mt.data.batching import collate
 from mt.data.tokenizer import Framing
-from mt.decode.batched import decode_ids, encode_within_positions, token_batches
+from mt.decode.batched import decode_ids, encode_within_positions
+from mt.decode.confidence import forced_logprobs, scored_lines
 from mt.decode.ct2 import CTranslate2Model
 from mt.decode.lines import input_chunks, output_lines, write_output
 from mt.decode.loading import load_ensemble, load_translator
@@ -38,7 +39,7 @@ from mt.decode.segment import Document, refuse_with_split, split_document, split
 from mt.decode.terminology import Glossary, Tally, check, check_search, line_constraints
 from mt.errors import TokenizerError
 from mt.model import saved
-from mt.runtime import autocast, pick_device
+from mt.runtime import pick_device
 
 log = logging.getLogger(__name__)
 DECODE_KEYS = {f.name for f in dataclasses.fields(DecodeConfig)}
@@ -315,7 +316,9 @@ class Translator:
         glossary: Glossary | dict[str, str] | None = None,
         constraint_order: str | None = None,
         split: bool = False,
-    ) -> list[str] | list[list[tuple[str, float]]]:
+        scores: bool = False,
+        flag_below: float | None = None,
+    ) -> list[str] | list[list[tuple[str, float]]] | list[dict]:
         """Translations of `lines` (a list of strings), one per line: a string, or with `nbest` > 1 a list of
         (translation, score) best first. Unset arguments keep the loaded settings: `beam_size`, `nbest` (beams
         kept, or samples drawn), `sampling` with `topk` (0 = all tokens), `topp` (1.0 = all), `temperature` and
@@ -324,7 +327,8 @@ class Translator:
         phrases per line that its translation must contain (unordered, or in order with
         `constraint_order="ordered"`); `glossary`: {source term: target term} (or a Glossary), whose terms found
         in a line become its constraints, on top of the translator's own glossary; `split`: each line is a paragraph
-        or a document's line, translated sentence by sentence and joined back with its own spacing."""
+        or a document's line, translated sentence by sentence and joined back with its own spacing; `scores`: a
+        {"text", "score", "flags"} per line instead (mt/decode/confidence.py), `flag_below` its low-score threshold."""
         if isinstance(lines, str) or not all(isinstance(line, str) for line in lines):
             raise ConfigError("translate: give a list of strings (one sentence each), e.g. translate(['A dog.'])")
         decode = self.settings(beam_size=beam_size, nbest=nbest, sampling=sampling, topk=topk, topp=topp,
@@ -333,6 +337,11 @@ class Translator:
             glossary = Glossary.from_pairs([(s, t, "glossary") for s, t in glossary.items()])
         if glossary is not None and self.glossary is not None:
             glossary = self.glossary.merged(glossary)
+        if scores:
+            if split or decode.nbest > 1:
+                raise ConfigError("translate: scores=True scores one translation a line; leave out split and nbest")
+            return scored_lines(self, list(lines), decode, prefixes=prefix, constraints=constraints,
+                                tgt_lang=tgt_lang, flag_below=flag_below, glossary=glossary)[0]  # fmt: skip
         if split or (in_pieces(decode, prefix, constraints) and self.too_long(list(lines), tgt_lang)):
             refuse_with_split(decode, prefix, constraints)
             return self.texts(list(lines), decode, split, tgt_lang=tgt_lang, glossary=glossary)[0]
@@ -353,18 +362,23 @@ class Translator:
         constraints=None,
         tally: Tally | None = None,
         split: bool = False,
+        output_format: str = "text",
+        flag_below: float | None = None,
+        mc_passes: int = 0,
     ) -> tuple[int, int]:
         """Translate each chunk of lines as it comes and write its output lines at once (n-best: "i ||| text |||
         score", numbered across chunks), so that a program that writes a line and waits gets its translation;
         `prefixes.take(n)` gives the next n lines' prefixes (mt.decode.lines.AlignedFile), whose surplus lines are
         an error at the end of the input; `constraints.take(n)` likewise their constraints (tab-separated phrases),
-        counted in `tally`; `split`: lines translated sentence by sentence (`texts`). Returns (lines, output
-        tokens)."""
+        counted in `tally`; `split`: lines translated sentence by sentence (`texts`); `output_format="jsonl"`: a
+        JSON object a line, {"text", "score", "flags"} (mt/decode/confidence.py), `flag_below` its low-score
+        threshold, `mc_passes` its MC-dropout passes. Returns (lines, output tokens)."""
         decode, done, n_tokens = decode or self.decode, 0, 0
         if split:
             refuse_with_split(decode, prefixes, constraints, "split=true")
         for lines in chunks:
-            if split or (in_pieces(decode, prefixes, constraints) and self.too_long(lines, tgt_lang)):
+            if split or (output_format != "jsonl" and in_pieces(decode, prefixes, constraints)
+                         and self.too_long(lines, tgt_lang)):  # fmt: skip
                 texts, n = self.texts(lines, decode, split, done, tgt_lang, tally=tally)
                 write_output(out, texts)
                 done, n_tokens = done + len(lines), n_tokens + n
@@ -373,6 +387,13 @@ class Translator:
             phrases, key = None, "glossary"
             if constraints is not None:
                 phrases, key = [c.split("\t") for c in constraints.take(len(lines))], f"constraints={constraints.path}"
+            if output_format == "jsonl":
+                found, n = scored_lines(self, lines, decode, prefixes=prefix, constraints=phrases, first_line=done,
+                                        tgt_lang=tgt_lang, flag_below=flag_below, where=where, tally=tally,
+                                        constraints_where=key, mc_passes=mc_passes)  # fmt: skip
+                write_output(out, [json.dumps(r, ensure_ascii=False) for r in found])
+                done, n_tokens = done + len(lines), n_tokens + n
+                continue
             _, hyps = self.hypotheses(lines, decode, prefix, first_line=done, where=where, tgt_lang=tgt_lang,
                                       constraints=phrases, tally=tally, constraints_where=key)  # fmt: skip
             texts = self.vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
@@ -407,19 +428,9 @@ class Translator:
         src = self.encode_sources(list(src_lines), tgt_lang)
         framing = self.framing(tgt_lang)
         tgt = [t[: self.limit - len(framing.tgt_lead)] for t in self.vocabs.tgt.encode_batch(list(tgt_lines))]
-        if isinstance(self.model, CTranslate2Model):
-            return self.model.score_ids(src, tgt)
-        out = [0.0] * len(src)
-        self.model.eval()
-        for idx in token_batches([len(s) + len(t) + 2 for s, t in zip(src, tgt)], self.decode.max_tokens):
-            b = collate([src[i] for i in idx], [tgt[i] for i in idx], idx, framing).to(self.device)
-            with autocast(self.device, self.amp):
-                logits = self.model.decode(b.tgt_in, self.model.encode(b.src, b.src_pad_mask), b.src_pad_mask)
-            logp = logits.float().log_softmax(-1).gather(-1, b.tgt_out[..., None]).squeeze(-1)
-            sums = logp.masked_fill(b.tgt_out == framing.specials.pad, 0.0).sum(1).tolist()
-            for i, value in zip(idx, sums):
-                out[i] = value
-        return out
+        if not isinstance(self.model, CTranslate2Model):
+            self.model.eval()
+        return forced_logprobs(self, src, tgt, framing)
 
 
 def in_pieces(decode: DecodeConfig, prefixes, constraints) -> bool:

@@ -3,8 +3,10 @@ translated), or the whole input at once for a report against references and for 
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -13,6 +15,8 @@ import torch
 from mt.config import ConfigError, DataConfig, TranslateConfig
 from mt.data import files
 from mt.data.tokenizer import Vocabs
+from mt.decode.confidence import records
+from mt.decode.flags import FLAGS
 from mt.decode.lines import (
     AlignedFile,
     constraint_file,
@@ -69,6 +73,11 @@ def plot_first_line(
     log.info("cross-attention of line %d (%dx%d) plotted to %s", first + 1, *matrix.shape, cfg.plot_attention)
 
 
+def mc_passes(cfg: TranslateConfig) -> int:
+    """The MC-dropout passes `confidence=mc_dropout` asks for (0: the score alone)."""
+    return cfg.mc_passes if cfg.confidence == "mc_dropout" else 0
+
+
 def translate_stream(cfg: TranslateConfig, translator) -> None:
     """`stream_lines` lines at a time (fewer when no more input is waiting): read, translated, written (bounded
     memory, output as soon as it is ready). `translator`: an mt.decode.translator.Translator."""
@@ -77,7 +86,9 @@ def translate_stream(cfg: TranslateConfig, translator) -> None:
     constraints, tally = constraint_file(cfg), Tally()
     out, start = open_output(cfg.output), time.perf_counter()
     done, n_tokens = translator.translate_stream(chunks, out, cfg.decode, prefixes, f"prefix={cfg.prefix}",
-                                                 constraints=constraints, tally=tally, split=cfg.split)  # fmt: skip
+                                                 constraints=constraints, tally=tally, split=cfg.split,
+                                                 output_format=cfg.output_format, flag_below=cfg.flag_below,
+                                                 mc_passes=mc_passes(cfg))  # fmt: skip
     seconds = max(time.perf_counter() - start, 1e-9)
     log.info("%d lines in %.2fs: %.1f sentences/s, %.0f tokens/s", done, seconds, done / seconds, n_tokens / seconds)
     tally.log()
@@ -110,7 +121,13 @@ def translate_whole(cfg: TranslateConfig, translator) -> None:
                                               constraints=phrases, tally=tally,
                                               constraints_where=f"constraints={cfg.constraints}")  # fmt: skip
         texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
-        write_output(out, output_lines(hyps, texts, vocabs, cfg.decode.nbest))
+        if cfg.output_format == "jsonl":
+            found = records(translator, lines, src_ids, [h[0] for h in hyps], texts, cfg.decode,
+                            flag_below=cfg.flag_below, mc_passes=mc_passes(cfg))  # fmt: skip
+            write_output(out, [json.dumps(r, ensure_ascii=False) for r in found])
+            flag_counts = dict(Counter(f for r in found for f in r["flags"]))
+        else:
+            write_output(out, output_lines(hyps, texts, vocabs, cfg.decode.nbest))
         n_tokens = sum(len(h[0].tokens) for h in hyps)
     seconds = max(time.perf_counter() - start, 1e-9)
     speed = {"sentences_per_s": len(lines) / seconds, "tokens_per_s": n_tokens / seconds}
@@ -119,6 +136,8 @@ def translate_whole(cfg: TranslateConfig, translator) -> None:
     if refs is not None:
         report_dir = Path(cfg.report_dir or (Path(cfg.output).parent if cfg.output != "-" else "."))
         extra = {**speed, "decode": asdict(cfg.decode), "precision": cfg.precision, "checkpoint": ckpt["path"]}
+        if cfg.output_format == "jsonl":  # how many lines raised each flag (mt/decode/flags.py)
+            extra["flags"] = {name: flag_counts.get(name, 0) for name in FLAGS}
         r = write_report(report_dir, "", lines, texts, refs, extra, vocabs.tgt.lowercases)
         log.info("%s", r["bleu_detail"])
         log.info("BLEU %.2f (lowercased %.2f), chrF %.2f; report in %s", r["bleu"], r["bleu_lowercase"], r["chrf"],

@@ -173,6 +173,7 @@ def _shareable_config(ckpt: dict) -> dict:
         "data": {k: data[k] for k in ("name", "format", "dir", "src_lang", "tgt_lang") if k in data},
         "decode": config.get("decode", {}),
         "tokenizer": config.get("tokenizer", {}),
+        "length_ratio": ckpt.get("length_ratio"),  # the training pairs' length range (mt/decode/flags.py)
     }
 
 

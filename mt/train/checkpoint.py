@@ -20,6 +20,7 @@ import torch
 from mt import runtime
 from mt.config import ModelConfig
 from mt.data.tokenizer import Vocabs
+from mt.decode.flags import ratio_range
 from mt.errors import CheckpointError
 from mt.model.saved import FORMAT_VERSION, load
 from mt.model.transformer import Transformer
@@ -232,6 +233,8 @@ def trainer_state(trainer, full: bool, rngs: list | None = None) -> dict:
     read; a full checkpoint of a run with a weight average also holds the trained weights ("raw_model") and the
     number of updates averaged ("ema_updates")."""
     progress = {"update": trainer.update, "epochs_done": trainer.epochs_done, "best": trainer.best}
+    # The output/source length range of the training pairs, which translations are flagged outside (flags.py).
+    progress["length_ratio"] = ratio_range(*trainer.corpus.train_lengths)
     if full:
         progress.update(elapsed=trainer.budget.elapsed, bad_validations=trainer.bad_validations)
         if trainer.ema is not None:

@@ -1,0 +1,104 @@
+"""A confidence for every translation (mt/decode/confidence.py): the score is the mean token log-probability the
+search computed, equal to forced decoding's and to CTranslate2's on an export; translate.py's jsonl output, the
+report's flag counts, the length-limit flag and MC dropout."""
+
+import json
+
+import pytest
+import torch
+
+from mt.config import ConfigError
+from mt.decode.batched import translate_ids
+from mt.decode.flags import FLAGS
+from tests.test_translator import LINES, translate
+
+
+def mean_logprobs(t, lines: list[str]) -> list[float]:
+    hyps = translate_ids(t.model, t.vocabs.src.encode_batch(lines), t.decode, torch.device("cpu"), None)
+    return [h[0].logprob / (len(h[0].tokens) + 1) for h in hyps]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_the_score_is_the_searchs_mean_log_probability_whatever_the_length_penalty(toy_run, beam):
+    from mt import Translator
+
+    t = Translator.load(toy_run, device="cpu", beam_size=beam, length_penalty=1.0)
+    src = [line for line in LINES if line]
+    found = t.translate(src, scores=True)
+    assert [r["text"] for r in found] == t.translate(src)
+    assert [r["score"] for r in found] == pytest.approx(mean_logprobs(t, src), abs=1e-5)
+    forced = t.score(src, [r["text"] for r in found])
+    n = [len(ids) + 1 for ids in t.vocabs.tgt.encode_batch([r["text"] for r in found])]
+    assert [r["score"] for r in found] == pytest.approx([f / k for f, k in zip(forced, n)], abs=1e-4)
+    assert all(r["score"] < 0 and isinstance(r["flags"], list) for r in found)
+
+
+def test_the_length_limit_is_flagged_and_the_run_keeps_its_length_range(toy_run):
+    from mt import Translator
+    from mt.model import saved
+
+    low, high = saved.load(toy_run)["length_ratio"]
+    assert 0 < low <= 1 <= high  # the toy target is its source's words reversed
+    t = Translator.load(toy_run, device="cpu", beam_size=1, max_len_a=0.0, max_len_b=3)
+    found = t.translate(["the big red house and the tree", ""], scores=True)
+    assert "length_limit" in found[0]["flags"] and found[1] == {"text": "", "score": 0.0, "flags": []}
+    free = Translator.load(toy_run, device="cpu", beam_size=1).translate(["the cat"], scores=True)
+    assert "length_limit" not in free[0]["flags"]
+    with pytest.raises(ConfigError, match="scores=True scores one translation a line"):
+        t.translate(["the cat"], scores=True, beam_size=2, nbest=2)
+
+
+def test_translate_py_writes_a_json_object_a_line_and_counts_flags_in_the_report(toy_run, tmp_path):
+    src = "".join(line + "\n" for line in LINES)
+    plain = translate(toy_run, input=src)
+    p = translate(toy_run, "output_format=jsonl", "flag_below=-0.0001", input=src)
+    assert p.returncode == 0, p.stderr[-2000:]
+    found = [json.loads(line) for line in p.stdout.splitlines()]
+    assert [r["text"] for r in found] == plain.stdout.splitlines() and len(found) == len(LINES)
+    assert all(set(r) == {"text", "score", "flags"} for r in found)
+    assert all("low_score" in r["flags"] for r, line in zip(found, LINES) if line)
+    (tmp_path / "ref.txt").write_text("".join(r["text"] + "\n" for r in found))
+    p = translate(toy_run, "output_format=jsonl", "flag_below=-0.0001", f"references={tmp_path / 'ref.txt'}",
+                  f"output={tmp_path / 'out.jsonl'}", input=src)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    counts = {name: sum(name in r["flags"] for r in found) for name in FLAGS}
+    assert report["flags"] == counts and counts["low_score"] == sum(1 for line in LINES if line)
+
+
+def test_mc_dropout_gives_the_mean_and_variance_of_its_passes(toy_run, tmp_path):
+    from mt import Translator
+    from mt.decode.confidence import mc_dropout, records
+
+    t = Translator.load(toy_run, device="cpu", beam_size=1)
+    assert t.model.cfg.dropout > 0
+    src = [line for line in LINES if line]
+    src_ids, hyps = t.hypotheses(src)
+    best = [h[0] for h in hyps]
+    texts = t.vocabs.tgt.decode_batch([h.tokens for h in best])
+    a = records(t, src, src_ids, best, texts, t.decode, mc_passes=4)
+    b = records(t, src, src_ids, best, texts, t.decode, mc_passes=4)
+    assert a == b  # seeded by decode.seed
+    assert all(0 < r["mc_mean"] < 1 and r["mc_var"] > 0 for r in a)
+    passes = mc_dropout(t, src_ids, [h.tokens for h in best], t.framing(), 3, 0)
+    assert all(len(set(p)) == 3 for p in passes)  # each pass another subnetwork
+    assert not t.model.training  # dropout off again
+    assert [r["score"] for r in a] == [r["score"] for r in records(t, src, src_ids, best, texts, t.decode)]
+
+
+def test_a_ctranslate2_export_gives_the_same_score(toy_run, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from mt import Translator
+    from mt.export.formats import export_ctranslate2
+
+    ours = Translator.load(toy_run, device="cpu", beam_size=2, length_penalty=1.0, length_penalty_type="average")
+    ct2 = Translator.load(export_ctranslate2(str(toy_run), tmp_path / "ct2"), device="cpu", beam_size=2,
+                          length_penalty=1.0, length_penalty_type="average")  # fmt: skip
+    src = [line for line in LINES if line]
+    a, b = ours.translate(src, scores=True), ct2.translate(src, scores=True)
+    assert [r["text"] for r in a] == [r["text"] for r in b]
+    assert [r["score"] for r in a] == pytest.approx([r["score"] for r in b], abs=1e-4)
+    with pytest.raises(ConfigError, match="mc_dropout needs this project's model"):
+        from mt.decode.confidence import mc_dropout
+
+        mc_dropout(ct2, [[5]], [[6]], ct2.framing(), 2, 0)
