@@ -419,6 +419,14 @@ def _compare(*args):
     return setup
 
 
+def _score(src: str | bytes, tgt: str | bytes, *args, names=("c.src", "c.tgt")):
+    def setup(c, r, t):
+        a, b = write(t / names[0], src), write(t / names[1], tgt)
+        return [f"checkpoint={r}", f"src={a}", f"tgt={b}", *args], None
+
+    return setup
+
+
 def _opus_names(c, r, t):
     for lang in ("xx", "yy"):
         (c / f"train.{lang}").rename(c / f"EMEA.xx-yy.{lang}")
@@ -926,6 +934,24 @@ ROWS = [
         "b.txt has 1 lines but the references have 2",
     ),
     ("compare_split_unknown", "compare", _compare("{r}", "{r}", "--split", "nope"), "nope.hyp: no such file"),
+    # python -m mt.score
+    ("score_line_counts", "score", _score("a\nb\n", "a\n"), "c.src has 2 lines but tgt="),
+    ("score_not_utf8", "score", _score("a\n", b"caf\xe9\n"), "c.tgt:1: bytes that are not UTF-8"),
+    ("score_empty", "score", _score("", ""), "c.src: no text in it"),
+    (
+        "score_direction",
+        "score",
+        _score("a\n", "b\n", names=("c.de", "c.en")),
+        "translates xx->yy but src/tgt are de->en",
+    ),
+    (
+        "score_unknown_key",
+        "score",
+        _score("a\n", "b\n", "kep=0.9"),
+        "'kep=0.9': not a setting of mt.score; did you mean keep=?",
+    ),
+    ("score_keep_alone", "score", _score("a\n", "b\n", "keep=0.9"), "keep= and output= go together"),
+    ("score_keep_range", "score", _score("a\n", "b\n", "keep=2", "output=/tmp/x"), "keep=2.0: give the fraction"),
     # benchmarks/quality/val_curves.py
     (
         "val_curves_names_count",
@@ -947,6 +973,8 @@ def command(entry: str, extra: list[str], corpus: Path, run_dir: Path) -> list[s
         return ["-m", "mt.export", *extra]
     if entry == "compare":
         return ["-m", "mt.compare", *extra]
+    if entry == "score":
+        return ["-m", "mt.score", *extra]
     if entry == "val_curves":
         return ["benchmarks/quality/val_curves.py", *extra]
     return ["translate.py", *extra]

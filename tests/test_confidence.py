@@ -3,6 +3,8 @@ search computed, equal to forced decoding's and to CTranslate2's on an export; t
 report's flag counts, the length-limit flag and MC dropout."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ import torch
 from mt.config import ConfigError
 from mt.decode.batched import translate_ids
 from mt.decode.flags import FLAGS
+from tests.conftest import ROOT
 from tests.test_translator import LINES, translate
 
 
@@ -102,3 +105,43 @@ def test_a_ctranslate2_export_gives_the_same_score(toy_run, tmp_path):
         from mt.decode.confidence import mc_dropout
 
         mc_dropout(ct2, [[5]], [[6]], ct2.framing(), 2, 0)
+
+
+# ------------------------------------------------------------------ python -m mt.score
+
+
+def mt_score(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mt.score", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+
+
+def test_mt_score_is_the_teacher_forced_loss_and_translate_pys_score(toy_run, tmp_path):
+    from mt import Translator
+    from mt.data.batching import collate
+
+    t = Translator.load(toy_run, device="cpu", beam_size=2)
+    src = ["the cat sees a dog", "a big red house", "", "the tree runs"]
+    found = t.translate(src, scores=True)
+    tgt = [r["text"] for r in found[:3]] + ["a small house sees the cat"]  # the last: not the model's translation
+    (tmp_path / "c.src").write_text("".join(s + "\n" for s in src))
+    (tmp_path / "c.tgt").write_text("".join(s + "\n" for s in tgt))
+    p = mt_score(f"checkpoint={toy_run}", f"src={tmp_path / 'c.src'}", f"tgt={tmp_path / 'c.tgt'}", "batch_lines=3")
+    assert p.returncode == 0, p.stderr[-2000:]
+    scores = [float(line) for line in p.stdout.splitlines()]
+    assert scores[:3] == pytest.approx([r["score"] for r in found[:3]], abs=1e-5)  # translate.py's score
+    ids = [0, 1, 3]
+    b = collate(t.vocabs.src.encode_batch([src[i] for i in ids]), t.vocabs.tgt.encode_batch([tgt[i] for i in ids]),
+                ids)  # fmt: skip
+    with torch.no_grad():
+        _, nll = t.model.loss(b.src, b.src_pad_mask, b.tgt_in, b.tgt_out, 0.0)
+    assert -(sum(scores[i] * (len(t.vocabs.tgt.encode(tgt[i])) + 1) for i in ids)) == pytest.approx(
+        float(nll), rel=1e-4
+    )  # the training loss's summed NLL, label smoothing off
+    pair = f"src={tmp_path / 'c.src'}", f"tgt={tmp_path / 'c.tgt'}"
+    p = mt_score(f"checkpoint={toy_run}", f"reverse={toy_run}", *pair, "keep=0.5", f"output={tmp_path / 'kept'}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [line.split("\t") for line in (tmp_path / "kept" / "scores.txt").read_text().splitlines()]
+    assert len(rows) == 4 and all(len(r) == 2 for r in rows)
+    best = sorted(range(4), key=lambda i: -float(rows[i][1]))[:2]
+    kept = (tmp_path / "kept" / "c.src").read_text().splitlines()
+    assert kept == [src[i] for i in sorted(best)] and len((tmp_path / "kept" / "c.tgt").read_text().splitlines()) == 2

@@ -3,6 +3,8 @@ benchmarks/ that print their figures); a short property test of the same transla
 
 from __future__ import annotations
 
+import math
+
 import datasets
 import pytest
 import torch
@@ -62,11 +64,15 @@ def test_any_text_gives_one_output_line_per_input_line(toy_translator, lines):
     read = split_lines(raw, "stdin")
     assert len(read) == len(lines)
     cfg = DecodeConfig(beam_size=2, max_len_a=0.0, max_len_b=6)
-    _, hyps = Translator(model, vocabs, cfg, torch.device("cpu"), None, {}).hypotheses(read)
+    translator = Translator(model, vocabs, cfg, torch.device("cpu"), None, {})
+    _, hyps = translator.hypotheses(read)
     texts = vocabs.tgt.decode_batch([h[0].tokens for h in hyps])
     out = "".join(line + "\n" for line in output_lines(hyps, texts, vocabs, 1))
     assert out.count("\n") == len(lines)
     assert all(texts[i] == "" for i, line in enumerate(read) if not line)  # empty in, empty out
+    scored = translator.translate(read, scores=True)  # a score and flags for every line, whatever its text
+    assert len(scored) == len(lines) and all(math.isfinite(r["score"]) and r["score"] <= 0 for r in scored)
+    assert all(scored[i] == {"text": "", "score": 0.0, "flags": []} for i, line in enumerate(read) if not line)
 
 
 def test_bytes_that_are_not_utf8_are_named_or_replaced(caplog):

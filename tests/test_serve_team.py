@@ -218,7 +218,8 @@ def test_several_models_each_picked_by_name_or_target_language(toy, toy_vocab):
     with TestClient(app) as client:
         for body, name in (({}, "yy"), ({"model": "zz"}, "zz"), ({"tgt_lang": "zz"}, "zz"), ({"model": "yy"}, "yy")):
             r = client.post("/translate", json={"src": src, **body})
-            assert r.status_code == 200 and r.json() == {"translations": expected[name], "model": name}
+            assert r.status_code == 200 and r.json()["translations"] == expected[name] and r.json()["model"] == name
+            assert set(r.json()) == {"translations", "scores", "flags", "model"}
         refused = [({"model": "fr"}, "model: no model named 'fr'; this server has yy, zz"),
                    ({"tgt_lang": "fr"}, "tgt_lang: no model translates into 'fr'"),
                    ({"model": "yy", "tgt_lang": "zz"}, "model 'yy' translates into yy, not 'zz'")]  # fmt: skip

@@ -35,7 +35,11 @@ def test_translate_health_and_info(served):
     r = client.post("/translate", json={"src": src})
     assert r.status_code == 200
     expected = decode_ids(model, vocabs.src.encode_batch(src), cfg.decode, torch.device("cpu"), None)
-    assert r.json() == {"translations": vocabs.tgt.decode_batch([h[0].tokens for h in expected])}
+    means = [h[0].logprob / (len(h[0].tokens) + 1) if s else 0.0 for h, s in zip(expected, src)]
+    texts = vocabs.tgt.decode_batch([h[0].tokens for h in expected])
+    assert set(r.json()) == {"translations", "scores", "flags"} and r.json()["translations"] == texts
+    assert r.json()["scores"] == pytest.approx(means, abs=1e-5)  # each line's mean token log-probability
+    assert len(r.json()["flags"]) == 3 and r.json()["flags"][1] == []
     assert r.json()["translations"][1] == ""  # empty in, empty out, order kept
     r = client.post("/translate", json={"src": ["the cat runs"], "beam_size": 3, "nbest": 2})
     (hyps,) = r.json()["translations"]

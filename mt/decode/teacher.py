@@ -159,14 +159,14 @@ def minutes(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
 
 
-def count_text_lines(path: Path) -> int:
-    """The lines of a source-language text (`distill.source_text`), read strictly as UTF-8 now, so that a file
+def count_text_lines(path: Path, key: str = "distill.source_text") -> int:
+    """The lines of a text file (`key`: the setting that named it), read strictly as UTF-8 now, so that a file
     that cannot be read fails before any long work; an empty one is an error."""
     if not path.is_file():
-        raise DataError(f"distill.source_text={path}: no such file; give a text file, one sentence a line")
+        raise DataError(f"{key}={path}: no such file; give a text file, one sentence a line")
     n = text = 0
     for line in read_lines(path):
         n, text = n + 1, text + bool(line.strip())
     if not text:
-        raise DataError(f"distill.source_text={path}: no text in it; give a text file, one sentence a line")
+        raise DataError(f"{key}={path}: no text in it; give a text file, one sentence a line")
     return n

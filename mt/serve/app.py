@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mt.config import ServeConfig
 from mt.decode.batched import decode_ids
+from mt.decode.confidence import records
 from mt.decode.search import Hypothesis
 from mt.serve.access import ApiKeys, Gate
 from mt.serve.batching import BadRequest, Batcher
@@ -148,10 +149,14 @@ def create_app(models, cfg: ServeConfig, info: dict | None = None, keys: ApiKeys
                                 f"{len(rule.phrases)} constraints not met within the length limit; translated "
                                 "without them")  # fmt: skip
         tgt = translator.vocabs.tgt
-        if doc is not None:
-            out: dict = {"translations": doc.join(tgt.decode_batch([h[0].tokens for h in hyps]))}
-        elif decode.nbest == 1:
-            out = {"translations": tgt.decode_batch([h[0].tokens for h in hyps])}
+        if decode.nbest == 1:  # each line's translation, score and flags (mt/decode/confidence.py)
+            texts = tgt.decode_batch([h[0].tokens for h in hyps])
+            line_of = [doc.line_of(k) for k in range(len(texts))] if doc is not None else None
+            texts = doc.join(texts) if doc is not None else texts
+            found = await asyncio.to_thread(records, translator, req.src, src_ids, [h[0] for h in hyps], texts, decode,
+                                            req.tgt_lang, None, line_of)  # fmt: skip
+            out: dict = {"translations": texts, "scores": [r["score"] for r in found],
+                         "flags": [r["flags"] for r in found]}  # fmt: skip
         else:
             out = {"translations": [[{"text": tgt.decode(h.tokens), "score": h.score} for h in hs] for hs in hyps]}
         out |= {"model": served.name} if len(models) > 1 else {}
