@@ -145,3 +145,13 @@ def test_mt_score_is_the_teacher_forced_loss_and_translate_pys_score(toy_run, tm
     best = sorted(range(4), key=lambda i: -float(rows[i][1]))[:2]
     kept = (tmp_path / "kept" / "c.src").read_text().splitlines()
     assert kept == [src[i] for i in sorted(best)] and len((tmp_path / "kept" / "c.tgt").read_text().splitlines()) == 2
+
+
+def test_an_ensemble_is_scored_by_its_mean_probabilities(toy_run):
+    from mt import Translator
+
+    src = [line for line in LINES if line]
+    single = Translator.load(toy_run, device="cpu", beam_size=2).translate(src, scores=True)
+    twice = Translator.load([toy_run, toy_run], device="cpu", beam_size=2).translate(src, scores=True)
+    assert [r["text"] for r in twice] == [r["text"] for r in single]
+    assert [r["score"] for r in twice] == pytest.approx([r["score"] for r in single], abs=1e-5)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -315,3 +316,38 @@ def test_an_imported_model_exports_to_ctranslate2_and_as_a_release_that_translat
     for export in (export_ctranslate2, export_release):
         out = export(str(path), tmp_path / export.__name__)
         assert Translator.load(out, src_lang=src, tgt_lang=tgt).translate(lines, beam_size=1) == ours, export
+
+
+@pytest.mark.parametrize("name", ["marian_shared", "nllb"])
+def test_scores_are_transformers_log_probabilities_and_loops_are_flagged(hub_dir, name):
+    """The score of an imported model's translation is transformers' mean log-probability of its tokens and </s>
+    (the forced language token left out), greedy and beam; the tiny models' loops cut by the length limit are
+    flagged as such, and only they."""
+    from mt.data.batching import collate
+    from mt.decode.confidence import records
+
+    path = model_dir(hub_dir, name)
+    src, tgt = MODELS[name]
+    t = Translator.load(path, src_lang=src, tgt_lang=tgt)
+    hf, lines = hf_model(path), read_test(name, 60)[0]
+    framing, looped = t.framing(), 0
+    for beams in (1, 4):
+        decode = t.settings(beam_size=beams)
+        src_ids, hyps = t.hypotheses(lines, decode)
+        best = [h[0] for h in hyps]
+        found = records(t, lines, src_ids, best, t.vocabs.tgt.decode_batch([h.tokens for h in best]), decode)
+        b = collate(src_ids, [h.tokens for h in best], list(range(len(lines))), framing)
+        with torch.no_grad():
+            logits = hf(input_ids=b.src, attention_mask=(~b.src_pad_mask).long(), decoder_input_ids=b.tgt_in).logits
+        if name.startswith("marian"):  # as generate() scores: <pad> banned (Marian's bad_words_ids)
+            logits[..., framing.specials.pad] = -math.inf
+        logp = logits.float().log_softmax(-1).gather(-1, b.tgt_out[..., None]).squeeze(-1)
+        real = b.tgt_out != framing.specials.pad
+        real[:, : len(framing.tgt_lead)] = False
+        theirs = (logp.masked_fill(~real, 0.0).sum(1) / real.sum(1)).tolist()
+        assert [r["score"] for r in found] == pytest.approx(theirs, abs=1e-4)
+        if name == "marian_shared":  # no language tokens: a line's limit is its source length's
+            capped = len(lines) - ended_before_limit(t, lines, hyps)
+            assert sum("length_limit" in r["flags"] for r in found) == capped
+            looped += capped
+    assert looped > 0 or name != "marian_shared"

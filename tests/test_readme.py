@@ -4,6 +4,7 @@ with the reason it is not, so that the README cannot drift from the code unnotic
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -43,6 +44,7 @@ RUN = [
     "python translate.py checkpoint=RUN_DIR input=test.en output=test.hyp references=test.de",
     "python translate.py checkpoint=RUN_DIR glossary=terms.tsv decode.beam_size=5 < test.en",
     "python -m mt.compare A.hyp B.hyp --refs test.de",
+    "python translate.py checkpoint=RUN_DIR output_format=jsonl < test.en",
     "python -m mt.export release RUN_DIR release/",
     "python -m mt.export ctranslate2 RUN_DIR ct2/ --quantization int8",
     "python -m mt.export transformers RUN_DIR hf/",
@@ -148,6 +150,8 @@ def test_the_readme_commands_that_take_seconds_run_as_written(beam_run, tmp_path
         assert p.returncode == 0, f"{command}\n{filled}\n{p.stderr[-2000:]}"
         if command == INSTALL_CHECK:
             assert p.stdout.count("\n") == 1 and p.stdout.strip(), p.stdout  # one German line for the one line
+        if "output_format=jsonl" in command:  # a JSON object a line, as the README shows
+            assert [set(json.loads(line)) for line in p.stdout.splitlines()] == [{"text", "score", "flags"}] * 3
     assert [command for command, _, _ in results] == [c for chain in chains for c in chain]
     assert len((tmp_path / "test.hyp").read_text().splitlines()) == 3
     assert (tmp_path / "release" / "model.safetensors").is_file() and (tmp_path / "ct2" / "model.bin").is_file()

@@ -2,12 +2,13 @@
 (mt/decode/flags.py), as translate.py's `output_format=jsonl`, `Translator.translate(..., scores=True)` and the
 server give them.
 
-The score is the search's own sum of token log-probabilities (natural log, </s> included; a target-language
-token an imported multilingual model forces first counts as one of the output's tokens) divided by the number of
-tokens, whatever length penalty ranked the beam: -0.1 is a confident line, -1.5 a doubtful one. Forced decoding
-of the same translation (`Translator.score`, `python -m mt.score`) gives the same number. A CTranslate2 export
-reports only its length-normalised score when a length penalty is set, so its lines are scored by its own
-forced decoding (`score_batch`), one more pass of the decoder.
+The score is the model's log-probability of the output's tokens and </s> (natural log; a target-language token
+an imported multilingual model forces first is not counted) divided by their number, whatever length penalty
+ranked the beam: near 0 is a confident line, -1.5 a doubtful one. For this project's models it is the search's
+own sum; forced decoding of the same translation (`Translator.score`, `python -m mt.score`) gives the same
+number. Where the search did not score every token at the model's probability (an imported model's search gives
+forced tokens 0, as transformers does; a CTranslate2 export keeps only a length-normalised score), the lines are
+scored by forced decoding: one more pass of the decoder.
 """
 
 from __future__ import annotations
@@ -40,22 +41,30 @@ def length_ratio_range(translator) -> list[float] | None:
     return ckpt.get("length_ratio") or (ckpt.get("config") or {}).get("length_ratio")
 
 
-def hypothesis_logprobs(translator, src_ids: list[list[int]], hyps: list[Hypothesis]) -> list[float]:
-    """Each best hypothesis's summed token log-probability (</s> and any forced language token included): the
-    search's own, or for a CTranslate2 search that kept only a normalised score, CTranslate2's forced decoding."""
+def hypothesis_logprobs(translator, src_ids: list[list[int]], hyps: list[Hypothesis], decode: DecodeConfig,
+                        lead: int) -> list[float]:  # fmt: skip
+    """Each best hypothesis's summed token log-probability (</s> included, a forced language token not): the
+    search's own where it scored every token at the model's probability (this project's models), else by forced
+    decoding (an imported model's search scores forced tokens 0, as transformers does; CTranslate2 keeps only a
+    normalised score under a length penalty)."""
     out = [h.logprob for h in hyps]
-    missing = [i for i, x in enumerate(out) if math.isnan(x) and src_ids[i]]
-    if missing:
-        again = translator.model.score_ids([src_ids[i] for i in missing], [hyps[i].tokens for i in missing])
-        for i, x in zip(missing, again):
+    if lead or not decode.score_forced or isinstance(translator.model, CTranslate2Model):
+        again = [i for i, ids in enumerate(src_ids) if ids and (lead or not decode.score_forced or math.isnan(out[i]))]
+    else:
+        again = []
+    if again:
+        framing = translator.framing()
+        forced = forced_logprobs(translator, [src_ids[i] for i in again], [hyps[i].tokens for i in again], framing)
+        for i, x in zip(again, forced):
             out[i] = x
     return out
 
 
 @torch.no_grad()
 def forced_logprobs(translator, src_ids: list[list[int]], tgt_ids: list[list[int]], framing) -> list[float]:
-    """The summed log-probability of each target and </s> given its source (forced decoding), in the model's
-    current mode (eval, or train for MC dropout); CTranslate2's `score_batch` for an export."""
+    """The summed log-probability of each target and </s> given its source (forced decoding; a target-language
+    token the model forces first is framed but not counted), in the model's current mode (eval, or train for MC
+    dropout); CTranslate2's `score_batch` for an export."""
     model = translator.model
     if isinstance(model, CTranslate2Model):
         return model.score_ids(src_ids, tgt_ids)
@@ -66,7 +75,8 @@ def forced_logprobs(translator, src_ids: list[list[int]], tgt_ids: list[list[int
         with autocast(translator.device, translator.amp):
             logits = model.decode(b.tgt_in, model.encode(b.src, b.src_pad_mask), b.src_pad_mask)
         logp = logits.float().log_softmax(-1).gather(-1, b.tgt_out[..., None]).squeeze(-1)
-        sums = logp.masked_fill(b.tgt_out == framing.specials.pad, 0.0).sum(1).tolist()
+        logp = logp.masked_fill(b.tgt_out == framing.specials.pad, 0.0)[:, len(framing.tgt_lead) :]
+        sums = logp.sum(1).tolist()
         for i, value in zip(idx, sums):
             out[i] = value
     return out
@@ -127,17 +137,16 @@ def records(
     line_of = line_of if line_of is not None else list(range(len(sources)))
     lead = len(translator.framing(tgt_lang).tgt_lead)
     ratio = length_ratio_range(translator)
-    logprobs = hypothesis_logprobs(translator, src_ids, hyps)
+    logprobs = hypothesis_logprobs(translator, src_ids, hyps, decode, lead)
     sums, counts, src_n, out_n = ([0.0] * len(sources), [0] * len(sources), [0] * len(sources), [0] * len(sources))
     capped = [False] * len(sources)
     for k, (ids, h, lp) in enumerate(zip(src_ids, hyps, logprobs)):
         i = line_of[k]
         if not ids:  # an empty line in, an empty line out: nothing was decoded
             continue
-        n = len(h.tokens) + lead + 1
-        sums[i], counts[i] = sums[i] + lp, counts[i] + n
+        sums[i], counts[i] = sums[i] + lp, counts[i] + len(h.tokens) + 1
         src_n[i], out_n[i] = src_n[i] + len(ids), out_n[i] + len(h.tokens)
-        capped[i] = capped[i] or n >= line_limit(translator, ids, decode)
+        capped[i] = capped[i] or lead + len(h.tokens) + 1 >= line_limit(translator, ids, decode)
     lang = tgt_lang or translator.tgt_lang or translator.direction().split("->")[-1]
     out = []
     for i, (source, text) in enumerate(zip(sources, texts)):

@@ -131,10 +131,11 @@ class CTranslate2Model:
                  for tokens, score in zip(r.hypotheses, r.scores)] for r in results]  # fmt: skip
 
     def score_ids(self, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> list[float]:
-        """The log-probability of each target given its source (</s> included), by CTranslate2's score_batch."""
+        """The log-probability of each target given its source (</s> included, a forced language token not), by
+        CTranslate2's score_batch."""
         sources, _, _ = self.framed(src_ids, None, None)
         framing = None if self.vocabs.family == "bpe" else self.vocabs.framing(None, None)
         lead = self.vocabs.tgt.tokens(list(framing.tgt_lead)) if framing else []
         results = self.translator.score_batch(sources, [lead + self.vocabs.tgt.tokens(t) for t in tgt_ids],
                                               max_input_length=0)  # fmt: skip
-        return [sum(r.log_probs) for r in results]
+        return [sum(r.log_probs[len(lead) :]) for r in results]  # the forced language token is not counted

@@ -11,6 +11,7 @@ tokenizers and its decoding settings; text in, translations out.
     t.translate(["A dog runs."], constraints=[["Hündchen"]])   # translations that contain the phrases
     t.translate(["A dog runs."], glossary={"dog": "Hündchen"})  # or a glossary's terms (also Glossary.from_file)
     t.translate(["A dog runs. It is fast."], split=True)  # paragraphs: sentence by sentence, layout kept
+    t.translate(["A dog runs."], scores=True)             # [{"text": ..., "score": -0.2, "flags": []}]
     t.score(["A dog runs."], ["Ein Hund rennt."])         # the model's log-probability of each pair
 """
 
@@ -420,7 +421,8 @@ class Translator:
 
     @torch.no_grad()
     def score(self, src_lines: list[str], tgt_lines: list[str], tgt_lang: str | None = None) -> list[float]:
-        """The model's log-probability of each target line given its source (forced decoding, </s> included), as
+        """The model's log-probability of each target line given its source (forced decoding, </s> included; a
+        target-language token the model forces first is not part of the line), as
         corpus filtering and reranking use it; lines longer than the model are cut as in translation; `tgt_lang`:
         a multilingual model's target language (default: the one given at load)."""
         if len(src_lines) != len(tgt_lines):

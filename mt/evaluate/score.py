@@ -111,9 +111,8 @@ def chunks(path: Path, size: int):
 def mean_scores(translator, src: list[str], tgt: list[str]) -> list[float]:
     """Each pair's mean token log-probability (forced decoding; 0.0 for an empty source, as translate.py's)."""
     sums = translator.score(src, tgt)
-    lead = len(translator.framing().tgt_lead)
-    room = translator.limit - lead  # targets are cut as Translator.score cuts them
-    counts = [min(len(t), room) + lead + 1 for t in translator.vocabs.tgt.encode_batch(tgt)]
+    room = translator.limit - len(translator.framing().tgt_lead)  # targets are cut as Translator.score cuts them
+    counts = [min(len(t), room) + 1 for t in translator.vocabs.tgt.encode_batch(tgt)]
     return [s / n if line else 0.0 for s, n, line in zip(sums, counts, src)]
 
 
