@@ -85,8 +85,12 @@ def test_typing_and_clicking_gives_the_apis_translation(server, browser, tmp_pat
     box = browser.find_element(By.ID, "src")
     box.send_keys("the cat sees a dog")
     browser.find_element(By.ID, "go").click()
-    shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li")] or None)
-    assert shown == api(server, {"src": ["the cat sees a dog"]})["translations"]
+    shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li .text")] or None)
+    answer = api(server, {"src": ["the cat sees a dog"]})
+    assert shown == answer["translations"]
+    score = browser.find_element(By.CSS_SELECTOR, "#out > li .score").text  # each line's score and flags
+    assert score == f"{answer['scores'][0]:.2f}"
+    assert [f.text for f in browser.find_elements(By.CSS_SELECTOR, "#out > li .flag")] == answer["flags"][0]
     # a pasted three-sentence paragraph is split (on by default in the page) and comes back as one line
     box.clear()
     box.send_keys("the cat sees a dog. a small tree runs. the red house is big.")
@@ -94,7 +98,9 @@ def test_typing_and_clicking_gives_the_apis_translation(server, browser, tmp_pat
     split = api(server, {"src": ["the cat sees a dog. a small tree runs. the red house is big."], "split": True})[
         "translations"
     ]
-    assert wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li")] == split or None)
+    assert wait.until(
+        lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li .text")] == split or None
+    )
     assert browser.execute_script("return request()")["split"] is True
     box.clear()
     box.send_keys("the cat sees a dog")
@@ -142,7 +148,7 @@ def test_a_multilingual_model_gets_a_language_choice_and_samples_differ(multilin
         Select(browser.find_element(By.ID, "tgt")).select_by_value("zz")
         browser.find_element(By.ID, "src").send_keys("the cat sees a dog")
         browser.find_element(By.ID, "go").click()
-        shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li")] or None)
+        shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li .text")] or None)
         assert shown == api(url, {"src": ["the cat sees a dog"], "tgt_lang": "zz"})["translations"]
         browser.find_element(By.ID, "sampling").click()
         first, second = browser.execute_script("return [request(), request()]")
@@ -171,7 +177,7 @@ def test_with_keys_the_page_asks_for_one_and_picks_among_several_models(toy_run,
         picker.select_by_value("second")
         browser.find_element(By.ID, "src").send_keys("the cat sees a dog")
         browser.find_element(By.ID, "go").click()
-        shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li")] or None)
+        shown = wait.until(lambda d: [li.text for li in d.find_elements(By.CSS_SELECTOR, "#out > li .text")] or None)
         expected = api(url, {"src": ["the cat sees a dog"], "model": "second"}, "page-key-0123456789")
         assert shown == expected["translations"] and browser.execute_script("return request()")["model"] == "second"
 
