@@ -97,7 +97,9 @@ def is_copy(source: str, output: str) -> bool:
     a, b = " ".join(WORD.findall(source.lower())), " ".join(WORD.findall(output.lower()))
     if len(a.split()) < 3 or len(b.split()) < 3:
         return False
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio() >= 0.9
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    # The two cheap upper bounds first: most outputs are far from their source, and ratio() is quadratic.
+    return matcher.real_quick_ratio() >= 0.9 and matcher.quick_ratio() >= 0.9 and matcher.ratio() >= 0.9
 
 
 def ratio_range(src_len: np.ndarray, tgt_len: np.ndarray) -> list[float] | None:

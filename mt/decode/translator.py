@@ -377,6 +377,8 @@ class Translator:
         decode, done, n_tokens = decode or self.decode, 0, 0
         if split:
             refuse_with_split(decode, prefixes, constraints, "split=true")
+            if output_format == "jsonl":
+                raise ConfigError("output_format=jsonl scores lines translated whole; unset split")
         for lines in chunks:
             if split or (output_format != "jsonl" and in_pieces(decode, prefixes, constraints)
                          and self.too_long(lines, tgt_lang)):  # fmt: skip
