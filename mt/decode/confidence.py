@@ -46,12 +46,11 @@ def hypothesis_logprobs(translator, src_ids: list[list[int]], hyps: list[Hypothe
     """Each best hypothesis's summed token log-probability (</s> included, a forced language token not): the
     search's own where it scored every token at the model's probability (this project's models), else by forced
     decoding (an imported model's search scores forced tokens 0, as transformers does; CTranslate2 keeps only a
-    normalised score under a length penalty)."""
+    normalised score under a length penalty, and leaves out </s> at the length limit)."""
     out = [h.logprob for h in hyps]
+    again = []
     if lead or not decode.score_forced or isinstance(translator.model, CTranslate2Model):
-        again = [i for i, ids in enumerate(src_ids) if ids and (lead or not decode.score_forced or math.isnan(out[i]))]
-    else:
-        again = []
+        again = [i for i, ids in enumerate(src_ids) if ids]
     if again:
         framing = translator.framing()
         forced = forced_logprobs(translator, [src_ids[i] for i in again], [hyps[i].tokens for i in again], framing)
