@@ -950,6 +950,8 @@ ROWS = [
         _score("a\n", "b\n", "kep=0.9"),
         "'kep=0.9': not a setting of mt.score; did you mean keep=?",
     ),
+    ("score_batch_lines_zero", "score", _score("a\n", "b\n", "batch_lines=0"), "batch_lines=0 is below its minimum 1"),
+    ("score_reverse_missing", "score", _score("a\n", "b\n", "reverse=/nonexistent/run"), "/nonexistent/run: no such"),
     ("score_keep_alone", "score", _score("a\n", "b\n", "keep=0.9"), "keep= and output= go together"),
     ("score_keep_range", "score", _score("a\n", "b\n", "keep=2", "output=/tmp/x"), "keep=2.0: give the fraction"),
     # benchmarks/quality/val_curves.py
