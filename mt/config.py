@@ -324,12 +324,9 @@ class TranslateConfig:
     # plot_attention, which need the whole input).
     stream_lines: int = 10000
     output: str = "-"  # a file, or - for stdout
-    # text: one translation a line; jsonl: one JSON object a line, {"text", "score", "flags"} (mt/decode/confidence.py)
-    output_format: str = "text"
-    flag_below: float | None = None  # jsonl: lines whose score is under it get the flag low_score
-    # jsonl: logprob (the score alone) | mc_dropout (also "mc_mean" and "mc_var" of mc_passes forced-decoding passes
-    # with dropout on, Fomicheva et al. 2020; this project's models, not a CTranslate2 export)
-    confidence: str = "logprob"
+    output_format: str = "text"  # text | jsonl: {"text", "score", "flags"} a line (mt/decode/confidence.py)
+    flag_below: float | None = None  # jsonl: lines scored under it get the flag low_score
+    confidence: str = "logprob"  # jsonl: logprob | mc_dropout (+ "mc_mean", "mc_var" over mc_passes dropout passes)
     mc_passes: int = 10
     # A file of target prefixes, one per input line (an empty line = none): each translation starts with its prefix.
     prefix: str | None = None

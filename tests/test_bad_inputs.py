@@ -427,6 +427,11 @@ def _score(src: str | bytes, tgt: str | bytes, *args, names=("c.src", "c.tgt")):
     return setup
 
 
+def _score_into_input(c, r, t):
+    a, b = write(t / "c.src", "a\n"), write(t / "c.tgt", "b\n")
+    return [f"checkpoint={r}", f"src={a}", f"tgt={b}", "keep=0.5", f"output={t}"], None
+
+
 def _opus_names(c, r, t):
     for lang in ("xx", "yy"):
         (c / f"train.{lang}").rename(c / f"EMEA.xx-yy.{lang}")
@@ -952,6 +957,7 @@ ROWS = [
     ),
     ("score_batch_lines_zero", "score", _score("a\n", "b\n", "batch_lines=0"), "batch_lines=0 is below its minimum 1"),
     ("score_reverse_missing", "score", _score("a\n", "b\n", "reverse=/nonexistent/run"), "/nonexistent/run: no such"),
+    ("score_output_over_input", "score", _score_into_input, "would overwrite the input it is read from"),
     ("score_keep_alone", "score", _score("a\n", "b\n", "keep=0.9"), "keep= and output= go together"),
     ("score_keep_range", "score", _score("a\n", "b\n", "keep=2", "output=/tmp/x"), "keep=2.0: give the fraction"),
     # benchmarks/quality/val_curves.py

@@ -135,8 +135,9 @@ def run(cfg: ScoreConfig) -> None:
     if cfg.reverse:
         rev = Translator.load(cfg.reverse, device=cfg.device, tgt_lang=cfg.src_lang, src_lang=cfg.tgt_lang)
         check_direction(rev, f"reverse={cfg.reverse}", cfg.tgt, cfg.src)
-    out_dir = Path(cfg.output) if cfg.output else None
+    out_dir = Path(cfg.output).expanduser() if cfg.output else None
     if out_dir is not None:
+        check_output(out_dir, src, tgt)
         out_dir.mkdir(parents=True, exist_ok=True)
     out = open(out_dir / "scores.txt", "w", encoding="utf-8") if out_dir else sys.stdout  # noqa: SIM115
     ranked = np.empty(n_src, dtype=np.float64)
@@ -154,6 +155,15 @@ def run(cfg: ScoreConfig) -> None:
     if out_dir is not None:
         out.close()
         write_kept(src, tgt, ranked, cfg.keep, out_dir)
+
+
+def check_output(out_dir: Path, src: Path, tgt: Path) -> None:
+    """Refuse an output folder where the kept pairs or scores.txt would overwrite the input files."""
+    written = [out_dir / p.name.removesuffix(".gz") for p in (src, tgt)] + [out_dir / "scores.txt"]
+    for path in written:
+        if path.exists() and path.resolve() in (src.resolve(), tgt.resolve()):
+            raise ConfigError(f"output={out_dir}: writing {path.name} there would overwrite the input it is read "
+                              "from; give another folder")  # fmt: skip
 
 
 def write_kept(src: Path, tgt: Path, ranked: np.ndarray, keep: float, out_dir: Path) -> None:
