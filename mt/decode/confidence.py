@@ -42,7 +42,7 @@ def length_ratio_range(translator) -> list[float] | None:
 
 
 def hypothesis_logprobs(translator, src_ids: list[list[int]], hyps: list[Hypothesis], decode: DecodeConfig,
-                        lead: int) -> list[float]:  # fmt: skip
+                        lead: int, tgt_lang: str | None = None) -> list[float]:  # fmt: skip
     """Each best hypothesis's summed token log-probability (</s> included, a forced language token not): the
     search's own where it scored every token at the model's probability (this project's models), else by forced
     decoding (an imported model's search scores forced tokens 0, as transformers does; CTranslate2 keeps only a
@@ -52,7 +52,7 @@ def hypothesis_logprobs(translator, src_ids: list[list[int]], hyps: list[Hypothe
     if lead or not decode.score_forced or isinstance(translator.model, CTranslate2Model):
         again = [i for i, ids in enumerate(src_ids) if ids]
     if again:
-        framing = translator.framing()
+        framing = translator.framing(tgt_lang)  # the target language these lines were translated into
         forced = forced_logprobs(translator, [src_ids[i] for i in again], [hyps[i].tokens for i in again], framing)
         for i, x in zip(again, forced):
             out[i] = x
@@ -136,7 +136,7 @@ def records(
     line_of = line_of if line_of is not None else list(range(len(sources)))
     lead = len(translator.framing(tgt_lang).tgt_lead)
     ratio = length_ratio_range(translator)
-    logprobs = hypothesis_logprobs(translator, src_ids, hyps, decode, lead)
+    logprobs = hypothesis_logprobs(translator, src_ids, hyps, decode, lead, tgt_lang)
     sums, counts, src_n, out_n = ([0.0] * len(sources), [0] * len(sources), [0] * len(sources), [0] * len(sources))
     capped = [False] * len(sources)
     for k, (ids, h, lp) in enumerate(zip(src_ids, hyps, logprobs)):
