@@ -14,7 +14,10 @@
 #            reads (a one-update throwaway run), so that no student's 56 minutes pay for it
 # students   +experiment=distill with the ensemble as the teacher, 56 minutes, seeds SEEDS (distill.mix=MIX)
 # baselines  the same preset and shape on the original pairs alone (distill.enabled=false), 56 minutes, SEEDS
-# Students and baselines are time-budgeted: run them with the machine alone. Outputs in OUT, nothing in the repository.
+# Students and baselines are time-budgeted: run them with the machine alone. With UPDATES="N1 N2" (one a seed) they
+# are held to that many updates instead (the same runs, whatever else shares the machine); SHAPE gives the student's
+# model.* keys (the plan's probe would time a shared machine); TEACHERS another teacher (a run dir or [A,B]).
+# Outputs in OUT, nothing in the repository.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT"
@@ -25,7 +28,21 @@ MINUTES=${MINUTES:-56}
 TEACHER_UPDATES=${TEACHER_UPDATES:-8254}
 CACHE=$OUT/teacher_translations
 mkdir -p "$OUT"
-TEACHERS="[$OUT/teacher_s1,$OUT/teacher_s2,$OUT/teacher_s3]"
+TEACHERS=${TEACHERS:-[$OUT/teacher_s1,$OUT/teacher_s2,$OUT/teacher_s3]}
+UPDATES=${UPDATES:-}
+SHAPE=${SHAPE:-}
+
+budget() {  # budget SEED: the train.* keys that end seed SEED's student or baseline
+    if [ -z "$UPDATES" ]; then
+        echo "train.max_time=$MINUTES"
+        return
+    fi
+    local i=0 seed
+    for seed in $SEEDS; do
+        i=$((i + 1))
+        if [ "$seed" = "$1" ]; then echo "train.max_time=0 train.max_updates=$(echo "$UPDATES" | cut -d' ' -f$i)"; fi
+    done
+}
 
 step() {  # step RUN_DIR ARGS...: train.py unless RUN_DIR holds a finished run; its log in RUN_DIR.log
     local run=$1
@@ -53,14 +70,16 @@ for stage in "$@"; do
         ;;
     students)
         for seed in $SEEDS; do
+            # shellcheck disable=SC2046,SC2086
             step "$OUT/student_${MIX}_s$seed" +experiment=distill distill.teacher="$TEACHERS" \
-                distill.cache_dir="$CACHE" distill.mix="$MIX" data=multi30k train.seed="$seed" train.max_time="$MINUTES"
+                distill.cache_dir="$CACHE" distill.mix="$MIX" data=multi30k train.seed="$seed" $(budget "$seed") $SHAPE
         done
         ;;
     baselines)
         for seed in $SEEDS; do
+            # shellcheck disable=SC2046,SC2086
             step "$OUT/baseline_s$seed" +experiment=distill distill.enabled=false data=multi30k \
-                train.seed="$seed" train.max_time="$MINUTES"
+                train.seed="$seed" $(budget "$seed") $SHAPE
         done
         ;;
     *)
