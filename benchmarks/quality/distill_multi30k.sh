@@ -44,17 +44,8 @@ budget() {  # budget SEED: the train.* keys that end seed SEED's student or base
     done
 }
 
-step() {  # step RUN_DIR ARGS...: train.py unless RUN_DIR holds a finished run; its log in RUN_DIR.log
-    local run=$1
-    shift
-    if [ -f "$run/checkpoint_final.pt" ]; then
-        echo "$(date +%T) $run: done"
-        return
-    fi
-    echo "$(date +%T) $run: python train.py $*"
-    python train.py "$@" train.progress=false run_dir="$run" 2>>"$run.log"
-    echo "$(date +%T) $run: finished"
-}
+# shellcheck source=benchmarks/quality/steps.sh
+source "$ROOT/benchmarks/quality/steps.sh"
 
 for stage in "$@"; do
     case $stage in

@@ -30,17 +30,8 @@ DATA="data=local data.dir=$CORPUS data.src_lang=de data.tgt_lang=en data.valid_s
 mkdir -p "$OUT"
 export OMP_NUM_THREADS=$THREADS
 
-step() {  # step RUN_DIR ARGS...: train.py unless RUN_DIR holds a finished run; its log in RUN_DIR.log
-    local run=$1
-    shift
-    if [ -f "$run/checkpoint_final.pt" ]; then
-        echo "$(date +%T) $run: done"
-        return
-    fi
-    echo "$(date +%T) $run: python train.py $*"
-    python train.py "$@" train.progress=false run_dir="$run" 2>>"$run.log"
-    echo "$(date +%T) $run: finished"
-}
+# shellcheck source=benchmarks/quality/steps.sh
+source "$ROOT/benchmarks/quality/steps.sh"
 
 pooled() {  # pooled NAME: both seeds' test outputs one after the other
     for seed in $SEEDS; do cat "$OUT/${1}_s$seed/test.hyp"; done > "$OUT/pooled_$1.hyp"
