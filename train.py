@@ -56,6 +56,10 @@ def main(dcfg: DictConfig) -> None:
         if cfg.distill.enabled:  # stage 1: the teacher's translations become the training corpora (mt/train/distill.py)
             overrides = list(HydraConfig.get().overrides.task)
             cfg = auto_ranks.agree(cfg, lambda: distill.prepare(cfg, run_dir, job_start, overrides))
+            if cfg.distill.translate_only:
+                log.info("distill.translate_only: the teacher's translations are in %s (distill.json says which "
+                         "folder holds which text); no student trained", cfg.distill.cache_dir)  # fmt: skip
+                return
         if cfg.auto.enabled:  # the recipe chosen from the corpus and the budget (mt/train/auto.py)
             cfg = auto_setup.configure(cfg, run_dir, list(HydraConfig.get().overrides.task), job_start)
             if cfg.auto.dry_run:

@@ -299,6 +299,7 @@ class DistillConfig:
     # The student's decoding speed over the teacher's that the plan wants (timed before training,
     # mt/train/distill_probe.py); a student shape under it is warned about. 0 = not timed.
     min_speedup: float = 5.0
+    translate_only: bool = False  # stage 1 alone: the teacher fills cache_dir, no student is trained
 
 
 @dataclass

@@ -166,6 +166,9 @@ def validate(cfg: Config) -> None:
     if cfg.train.accumulate < 1:
         raise ConfigError(f"train.accumulate={cfg.train.accumulate} must be >= 1")
     validate_decode(cfg.decode)
+    if cfg.distill.translate_only and not cfg.distill.enabled:
+        raise ConfigError("distill.translate_only=true is stage 1 of +experiment=distill; add +experiment=distill "
+                          "distill.teacher=TEACHER, or drop it")  # fmt: skip
     if cfg.distill.enabled:
         validate_distill(cfg)
 

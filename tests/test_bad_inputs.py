@@ -827,6 +827,12 @@ ROWS = [
     ("local_path_like_a_hub_id", "translate", _args("checkpoint=runs/no-such-run"), "runs/no-such-run: no such dir"),
     # distillation (+experiment=distill)
     ("distill_without_teacher", "train", _args("+experiment=distill", "train.max_updates=5"), "needs a teacher"),
+    (
+        "distill_translate_only_alone",
+        "train",
+        _args("distill.translate_only=true"),
+        "is stage 1 of +experiment=distill",
+    ),
     ("distill_into_another_runs_dir", "train", _distill("train.max_updates=5"), "that is not a distillation"),
     (
         "distill_teacher_missing",

@@ -111,6 +111,19 @@ def test_a_second_student_of_the_same_teacher_starts_at_stage_2(toy_run, distill
     assert not (tmp_path / "second" / "test.teacher.hyp").exists()
 
 
+def test_translate_only_fills_the_cache_and_trains_no_student(toy_run, distilled, tmp_path):
+    """distill.translate_only=true: stage 1 alone (to translate on one machine and train on another); its
+    translations are the bytes a whole run caches, and no student is trained."""
+    corpus, cache, _, _ = distilled
+    (whole,) = (cache / "teacher").iterdir()
+    p = train(student_args(corpus, toy_run, tmp_path / "run", tmp_path, "xx", "yy", "distill.translate_only=true"))
+    assert "distill.translate_only: the teacher's translations are in" in p.stderr
+    (alone,) = (tmp_path / "teacher").iterdir()
+    for name in ("train.xx", "train.yy"):
+        assert (alone / name).read_bytes() == (whole / name).read_bytes()
+    assert not list((tmp_path / "run").glob("checkpoint*")) and "untrained) decodes" not in p.stderr
+
+
 def test_stage_2_stopped_and_resumed_ends_where_the_uninterrupted_run_does(toy_run, distilled, tmp_path):
     """A student stopped at update 6 and started again with the same teacher: stage 1 is not redone (its record is
     kept), and training ends bitwise where the student of `distilled` (12 updates in one go) ended."""

@@ -5,12 +5,14 @@ the same teacher and lines (the stage adds nothing to decoding).
     python benchmarks/speed/distill_stage1.py TEACHER_RUN --lines 100000 1000000 [--out /tmp/stage1] [--compare 5000]
 
 The source text is synthetic: Multi30k's English training sentences drawn at random (seeded), one a line, written
-to OUT/source_N.txt. Each N runs the whole command in a child process of its own (`train.py +experiment=distill
-... distill.source_text=OUT/source_N.txt train.max_updates=1`, no time budget, so the teacher translates the
-training sources and every line of the text; the student then makes one update), whose peak resident memory is
-the child's `ru_maxrss`. The stage's lines/s is the cache's record of the text (mt/decode/teacher.py); translate.py
-translates the first --compare lines of the same text with the same teacher and its own decoding settings. Run it
-with the machine alone; outputs in OUT, nothing in the repository.
+to OUT/source_N.txt. Each N runs stage 1 in a child process of its own (`train.py +experiment=distill ...
+distill.source_text=OUT/source_N.txt distill.translate_only=true`, no time budget, so the teacher translates the
+training sources and every line of the text, and no student trains), whose peak resident memory is the child's
+`ru_maxrss` (the student's own data grows with the text it trains on; stage 1's memory should not). The stage's
+lines/s: the text's lines over the wall-clock time of its fill as the log gives it (reading, decoding, writing,
+fsync), and over the decoding time the cache records (mt/decode/teacher.py); translate.py translates the first
+--compare lines of the same text with the same teacher and its own decoding settings. Run it with the machine alone;
+outputs in OUT, nothing in the repository.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def main() -> None:
         run_dir, cache = args.out / f"run_{n}", args.out / "cache"  # (the training sources: translated once)
         command = ["train.py", "+experiment=distill", f"distill.teacher={args.teacher}", "data=multi30k",
                    f"distill.source_text={text}", f"distill.cache_dir={cache}", "distill.min_speedup=0",
-                   "distill.test_teacher=false", "train.max_time=0", "train.max_updates=1", "train.progress=false",
+                   "distill.translate_only=true", "train.max_time=0", "train.progress=false",
                    f"run_dir={run_dir}", "train.resume=never"]  # fmt: skip
         status, err, peak, seconds = run(command, args.out / f"train_{n}.log")
         if status != 0:
@@ -77,7 +79,9 @@ def main() -> None:
         (entry,) = [t for t in record["texts"] if t["text"].startswith("distill.source_text")]
         progress = json.loads((Path(entry["cache"]) / "progress.json").read_text())
         rate = progress["lines"] / progress["seconds"] if progress.get("seconds") else float("nan")
-        rows.append((n, entry["lines"], peak, seconds, rate))
+        fill = re.search(r"distill\.source_text=.*lines translated \(.*, this run ([\d.]+) (s|min)\)", err)
+        fill_s = float(fill.group(1)) * (60 if fill.group(2) == "min" else 1) if fill else float("nan")
+        rows.append((n, entry["lines"], peak, seconds, entry["lines"] / fill_s, rate))
     head = args.out / "head.txt"
     with open(text, encoding="utf-8") as f, open(head, "w", encoding="utf-8") as out:
         out.writelines(line for _, line in zip(range(args.compare), f))
@@ -86,10 +90,10 @@ def main() -> None:
     m = re.search(r"([\d.]+) sentences/s", err)
     translate_rate = float(m.group(1)) if m else float("nan")
     print(f"teacher {args.teacher}; {os.cpu_count()} CPUs; synthetic Multi30k English lines")
-    print("| source_text lines | translated | peak RSS (GiB) | wall-clock (min) | stage 1 lines/s |")
-    print("|---|---|---|---|---|")
-    for n, done, peak, seconds, rate in rows:
-        print(f"| {n:,} | {done:,} | {peak:.2f} | {seconds / 60:.1f} | {rate:.1f} |")
+    print("| source_text lines | translated | peak RSS (GiB) | wall-clock (min) | lines/s (fill) | (decoding) |")
+    print("|---|---|---|---|---|---|")
+    for n, done, peak, seconds, wall_rate, rate in rows:
+        print(f"| {n:,} | {done:,} | {peak:.2f} | {seconds / 60:.1f} | {wall_rate:.1f} | {rate:.1f} |")
     print(f"translate.py on the first {args.compare:,} lines, the teacher's own settings: {translate_rate:.1f} lines/s")
 
 

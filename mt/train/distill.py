@@ -116,7 +116,8 @@ def prepare(cfg: Config, run_dir: Path, job_start: float, overrides: list[str] =
         first = caches[0].fill(translate, texts[0][2], min(d.chunk_lines, 200), n_train, d.chunk_lines)
         rate = first.lines_per_s
     wanted = plan(cfg, texts, caches, rate, job_start, resuming)
-    probe = check_speed(cfg, teacher, texts[0][2], given) if d.min_speedup and not resuming else None
+    timed = d.min_speedup and not resuming and not d.translate_only  # (no student: no shape to choose)
+    probe = check_speed(cfg, teacher, texts[0][2], given) if timed else None
     if resuming:  # the shape the student started with
         shape = json.loads((run_dir / RECORD).read_text()).get("student_model") or {}
         cfg.model = replace(cfg.model, **{k: v for k, v in shape.items() if k in SHAPE_KEYS or k == "name"})
