@@ -147,7 +147,8 @@ def validate(cfg: Config) -> None:
                           "alphabet keeps; use a value in (0, 1], e.g. 0.9995 for Chinese or Japanese")  # fmt: skip
     if not 0.0 <= cfg.train.cooldown <= 1.0:
         raise ConfigError(f"train.cooldown={cfg.train.cooldown} is a fraction of the budget; use a value in [0, 1]")
-    if cfg.train.cooldown and not (cfg.train.max_updates or cfg.train.max_time):
+    trains = not (cfg.distill.enabled and cfg.distill.translate_only)  # (stage 1 alone: no lr to anneal)
+    if trains and cfg.train.cooldown and not (cfg.train.max_updates or cfg.train.max_time):
         raise ConfigError(
             f"train.cooldown={cfg.train.cooldown} anneals the lr over the end of the run's budget; "
             "set train.max_updates or train.max_time (or train.cooldown=0)"

@@ -116,11 +116,12 @@ def test_translate_only_fills_the_cache_and_trains_no_student(toy_run, distilled
     translations are the bytes a whole run caches, and no student is trained."""
     corpus, cache, _, _ = distilled
     (whole,) = (cache / "teacher").iterdir()
-    p = train(student_args(corpus, toy_run, tmp_path / "run", tmp_path, "xx", "yy", "distill.translate_only=true"))
+    alone = ["distill.translate_only=true", "train.max_updates=0", "train.max_time=0", "train.cooldown=0.2"]
+    p = train(student_args(corpus, toy_run, tmp_path / "run", tmp_path, "xx", "yy", *alone))  # no budget: all of it
     assert "distill.translate_only: the teacher's translations are in" in p.stderr
-    (alone,) = (tmp_path / "teacher").iterdir()
+    (folder,) = (tmp_path / "teacher").iterdir()
     for name in ("train.xx", "train.yy"):
-        assert (alone / name).read_bytes() == (whole / name).read_bytes()
+        assert (folder / name).read_bytes() == (whole / name).read_bytes()
     assert not list((tmp_path / "run").glob("checkpoint*")) and "untrained) decodes" not in p.stderr
 
 
