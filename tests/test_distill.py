@@ -123,6 +123,7 @@ def test_translate_only_fills_the_cache_and_trains_no_student(toy_run, distilled
     for name in ("train.xx", "train.yy"):
         assert (folder / name).read_bytes() == (whole / name).read_bytes()
     assert not list((tmp_path / "run").glob("checkpoint*")) and "untrained) decodes" not in p.stderr
+    assert "the student trains on" not in p.stderr
 
 
 def test_stage_2_stopped_and_resumed_ends_where_the_uninterrupted_run_does(toy_run, distilled, tmp_path):

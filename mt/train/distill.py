@@ -143,7 +143,8 @@ def prepare(cfg: Config, run_dir: Path, job_start: float, overrides: list[str] =
     if d.mix == "both":  # the main corpus first: data.valid_from_train holds its pairs out
         corpora.insert(0, CorpusConfig(name=cfg.data.name))
     cfg.data.corpora = corpora
-    log.info("distill: the student trains on %s", " + ".join(c.name for c in corpora))
+    if not d.translate_only:
+        log.info("distill: the student trains on %s", " + ".join(c.name for c in corpora))
     return cfg
 
 
