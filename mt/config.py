@@ -300,6 +300,9 @@ class DistillConfig:
     # mt/train/distill_probe.py); a student shape under it is warned about. 0 = not timed.
     min_speedup: float = 5.0
     translate_only: bool = False  # stage 1 alone: the teacher fills cache_dir, no student is trained
+    # decode.* settings for stage 1 only, over the teacher's own (e.g. {beam_size: 1}: greedy, several times faster);
+    # the teacher is scored with its own settings. Part of the cache's key.
+    teacher_decode: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

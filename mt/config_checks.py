@@ -4,6 +4,7 @@ a composed config into its checked dataclass."""
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -14,6 +15,7 @@ from mt.config import (
     PRETOKENIZERS,
     Config,
     ConfigError,
+    DecodeConfig,
     ServeConfig,
     TranslateConfig,
     _choice,
@@ -198,6 +200,25 @@ def validate_distill(cfg: Config) -> None:
         raise ConfigError(f"distill.chunk_lines={d.chunk_lines} is below its minimum 1")
     if d.min_speedup < 0:
         raise ConfigError(f"distill.min_speedup={d.min_speedup} is a ratio of speeds; use 0 (not timed) or more")
+    validate_teacher_decode(d.teacher_decode)
+
+
+def validate_teacher_decode(overrides: dict) -> None:
+    """`distill.teacher_decode`: decode.* names and values (over the defaults here; over the teacher's own saved
+    settings again when it is loaded), one translation a line."""
+    known = {f.name for f in fields(DecodeConfig)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ConfigError(
+            f"distill.teacher_decode.{unknown[0]} is not a decode setting; known: {', '.join(sorted(known))}"
+        )
+    try:
+        validate_decode(DecodeConfig(**overrides))
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(f"distill.teacher_decode: {e}") from None
+    if overrides.get("nbest", 1) != 1:
+        raise ConfigError(f"distill.teacher_decode.nbest={overrides['nbest']}: stage 1 keeps one translation a "
+                          "line; drop it")  # fmt: skip
 
 
 def validate_corpora(cfg: Config) -> None:

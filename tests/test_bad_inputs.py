@@ -870,6 +870,24 @@ ROWS = [
         "distill.teacher_share=1.5",
     ),  # fmt: skip
     ("distill_with_auto", "train", _distill("distill.teacher={r}", "auto.enabled=true"), "with auto.enabled"),
+    (
+        "distill_teacher_decode_unknown",
+        "train",
+        _distill("distill.teacher={r}", "+distill.teacher_decode.beam=1"),
+        "distill.teacher_decode.beam is not a decode setting",
+    ),  # fmt: skip
+    (
+        "distill_teacher_decode_bad_value",
+        "train",
+        _distill("distill.teacher={r}", "+distill.teacher_decode.beam_size=0"),
+        "distill.teacher_decode: decode.beam_size=0",
+    ),  # fmt: skip
+    (
+        "distill_teacher_decode_nbest",
+        "train",
+        _distill("distill.teacher={r}", "+distill.teacher_decode.nbest=2", "+distill.teacher_decode.beam_size=4"),
+        "stage 1 keeps one translation a line",
+    ),  # fmt: skip
     # fine-tuning (train.init_from)
     ("init_from_missing", "train", _args("train.init_from=/nonexistent/run"), "train.init_from=/nonexistent/run: no"),
     (

@@ -126,6 +126,24 @@ def test_translate_only_fills_the_cache_and_trains_no_student(toy_run, distilled
     assert "the student trains on" not in p.stderr
 
 
+def test_teacher_decode_sets_stage_1s_search_and_keys_its_cache(toy_run, distilled, tmp_path):
+    """+distill.teacher_decode.beam_size=3: the teacher searches with beam 3 (as translate.py with beam_size=3 does),
+    not with its own settings (greedy), into a cache keyed apart, and the record says so."""
+    corpus, cache, _, _ = distilled
+    (own,) = (cache / "teacher").iterdir()
+    beam = ["+distill.teacher_decode.beam_size=3", "distill.translate_only=true", "train.max_updates=0",
+              "train.max_time=0"]  # fmt: skip
+    train(student_args(corpus, toy_run, tmp_path / "run", tmp_path, "xx", "yy", *beam))
+    (folder,) = (tmp_path / "teacher").iterdir()
+    assert folder.name != own.name
+    assert json.loads((tmp_path / "run" / "distill.json").read_text())["decode"]["beam_size"] == 3
+    assert json.loads((own / "key.json").read_text())["decode"]["beam_size"] == 1
+    sources = (folder / "train.xx").read_text().splitlines()
+    assert (folder / "train.xx").read_bytes() == (own / "train.xx").read_bytes()
+    assert (folder / "train.yy").read_text().splitlines() == chunked(Translator.load(str(toy_run), beam_size=3),
+                                                                     sources, 64)  # fmt: skip
+
+
 def test_stage_2_stopped_and_resumed_ends_where_the_uninterrupted_run_does(toy_run, distilled, tmp_path):
     """A student stopped at update 6 and started again with the same teacher: stage 1 is not redone (its record is
     kept), and training ends bitwise where the student of `distilled` (12 updates in one go) ended."""

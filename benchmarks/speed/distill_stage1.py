@@ -3,6 +3,7 @@ memory (flat in N: the text is streamed chunk by chunk into the cache) and its l
 the same teacher and lines (the stage adds nothing to decoding).
 
     python benchmarks/speed/distill_stage1.py TEACHER_RUN --lines 100000 1000000 [--out /tmp/stage1] [--compare 5000]
+        [--decode beam_size=1]
 
 The source text is synthetic: Multi30k's English training sentences drawn at random (seeded), one a line, written
 to OUT/source_N.txt. Each N runs stage 1 in a child process of its own (`train.py +experiment=distill ...
@@ -11,8 +12,9 @@ training sources and every line of the text, and no student trains), whose peak 
 `ru_maxrss` (the student's own data grows with the text it trains on; stage 1's memory should not). The stage's
 lines/s: the text's lines over the wall-clock time of its fill as the log gives it (reading, decoding, writing,
 fsync), and over the decoding time the cache records (mt/decode/teacher.py); translate.py translates the first
---compare lines of the same text with the same teacher and its own decoding settings. Run it with the machine alone;
-outputs in OUT, nothing in the repository.
+--compare lines of the same text with the same teacher and its own decoding settings, or with the --decode settings
+given to both (`+distill.teacher_decode.K=V` and `decode.K=V`). Run it with the machine alone; outputs in OUT,
+nothing in the repository.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def main() -> None:
     ap.add_argument("--lines", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--out", type=Path, default=Path("/tmp/distill_stage1"))
     ap.add_argument("--compare", type=int, default=5_000, help="lines translate.py translates for its lines/s")
+    ap.add_argument("--decode", nargs="*", default=[], metavar="K=V", help="decode.* settings over the teacher's own")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -71,7 +74,8 @@ def main() -> None:
         command = ["train.py", "+experiment=distill", f"distill.teacher={args.teacher}", "data=multi30k",
                    f"distill.source_text={text}", f"distill.cache_dir={cache}", "distill.min_speedup=0",
                    "distill.translate_only=true", "train.max_time=0", "train.progress=false",
-                   f"run_dir={run_dir}", "train.resume=never"]  # fmt: skip
+                   f"run_dir={run_dir}", "train.resume=never",
+                   *(f"+distill.teacher_decode.{kv}" for kv in args.decode)]  # fmt: skip
         status, err, peak, seconds = run(command, args.out / f"train_{n}.log")
         if status != 0:
             sys.exit(f"{n} lines: train.py failed:\n{err[-3000:]}")
@@ -86,15 +90,17 @@ def main() -> None:
     with open(text, encoding="utf-8") as f, open(head, "w", encoding="utf-8") as out:
         out.writelines(line for _, line in zip(range(args.compare), f))
     _, err, _, _ = run(["translate.py", f"checkpoint={args.teacher}", f"input={head}",
-                        f"output={args.out / 'head.hyp'}"], args.out / "translate.log")  # fmt: skip
+                        f"output={args.out / 'head.hyp'}", *(f"decode.{kv}" for kv in args.decode)],
+                       args.out / "translate.log")  # fmt: skip
     m = re.search(r"([\d.]+) sentences/s", err)
     translate_rate = float(m.group(1)) if m else float("nan")
-    print(f"teacher {args.teacher}; {os.cpu_count()} CPUs; synthetic Multi30k English lines")
+    settings = ", ".join(args.decode) or "its own decoding settings"
+    print(f"teacher {args.teacher} ({settings}); {os.cpu_count()} CPUs; synthetic Multi30k English lines")
     print("| source_text lines | translated | peak RSS (GiB) | wall-clock (min) | lines/s (fill) | (decoding) |")
     print("|---|---|---|---|---|---|")
     for n, done, peak, seconds, wall_rate, rate in rows:
         print(f"| {n:,} | {done:,} | {peak:.2f} | {seconds / 60:.1f} | {wall_rate:.1f} | {rate:.1f} |")
-    print(f"translate.py on the first {args.compare:,} lines, the teacher's own settings: {translate_rate:.1f} lines/s")
+    print(f"translate.py on the first {args.compare:,} lines, the same settings: {translate_rate:.1f} lines/s")
 
 
 if __name__ == "__main__":

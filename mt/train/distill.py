@@ -40,22 +40,26 @@ log = logging.getLogger(__name__)
 RECORD = "distill.json"  # the run dir's record of stage 1: the teacher, the caches, the lines, the speed
 
 
-def load_teacher(cfg: Config) -> Translator:
-    """The teacher as a Translator with its own decoding settings, checked against the corpus's direction: a
+def load_teacher(cfg: Config, decode: dict | None = None) -> Translator:
+    """The teacher as a Translator with its own decoding settings (`decode` on top: stage 1's
+    `distill.teacher_decode`), checked against the corpus's direction: a
     bilingual model trained in another direction, or a multilingual one without the corpus's languages, is a
     one-line error naming distill.teacher."""
     try:
-        return _load_teacher(cfg)
+        return _load_teacher(cfg, decode or {})
     except USER_ERRORS as e:
         if str(e).startswith("distill.teacher"):
             raise
         raise type(e)(f"distill.teacher: {e}") from None
 
 
-def _load_teacher(cfg: Config) -> Translator:
+def _load_teacher(cfg: Config, decode: dict) -> Translator:
     ckpts = [saved.load(p) for p in checkpoint_list(cfg.distill.teacher)]
     dc = cfg.data
-    settings = decode_settings((ckpts[0].get("config") or {}).get("decode"), {})
+    try:
+        settings = decode_settings((ckpts[0].get("config") or {}).get("decode"), decode)
+    except ConfigError as e:  # (the teacher's saved settings with distill.teacher_decode's on top)
+        raise ConfigError(f"distill.teacher_decode: {e}") from None
     teacher = Translator.open(ckpts, settings, pick_device(cfg.train.device), "fp32", src_lang=dc.src_lang)
     teacher.checkpoints = ckpts  # an ensemble's every model: the cache is keyed by all of them
     if teacher.targets or getattr(teacher.vocabs, "languages", None):  # multilingual: the corpus's pair, any it knows
@@ -99,7 +103,7 @@ def prepare(cfg: Config, run_dir: Path, job_start: float, overrides: list[str] =
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     d = cfg.distill
     extra = SourceText(Path(d.source_text).expanduser()) if d.source_text else None  # a bad file fails first
-    teacher = load_teacher(cfg)
+    teacher = load_teacher(cfg, dict(d.teacher_decode))
     pairs = training_sources(cfg)
     n_train = sum(1 for _ in pairs)
     texts = [("the training sources", pairs.fingerprint, lambda: (s for s, _ in pairs), n_train)]
@@ -206,7 +210,7 @@ def plan(cfg: Config, texts: list, caches: list[TeacherText], rate: float, job_s
         raise ConfigError(f"distill: the teacher translates {rate:.1f} lines/s here, so the {texts[0][3]:,} training "
                           f"sources need {minutes(need)}, over its share ({cfg.distill.teacher_share:g} of "
                           f"train.max_time={cfg.train.max_time:g}); give train.max_time={fits} or more, a "
-                          "faster teacher (fewer models, decode.beam_size), or a larger "
+                          "faster teacher (fewer models, distill.teacher_decode.beam_size=1), or a larger "
                           "distill.teacher_share")  # fmt: skip
     wanted = [texts[0][3]]
     left = share - need
