@@ -227,6 +227,14 @@ def test_the_plan_cuts_extra_text_to_the_teachers_share_and_keeps_what_was_done(
         distill.plan(cfg, [("the training sources", "", None, 40_000)], caches[:1], 100.0, time.time(), False)
     with pytest.raises(DataError, match="incomplete but this run has started training"):
         distill.plan(cfg, texts, caches, 100.0, time.time(), resuming=True)
+    # stage 1 alone (distill.translate_only): no student, so the teacher has the whole budget
+    alone = replace(cfg, distill=replace(cfg.distill, translate_only=True))
+    caplog.clear()
+    wanted = distill.plan(alone, texts, caches, 100.0, time.time(), resuming=False)
+    assert wanted[0] == 1000 and 58_900 <= wanted[1] <= 59_000
+    assert "its share is 10.0 min" in caplog.text and "the student trains" not in caplog.text
+    with pytest.raises(Exception, match=r"over its share \(train.max_time=10\); give train.max_time=12 or more"):
+        distill.plan(alone, [("the training sources", "", None, 70_000)], caches[:1], 100.0, time.time(), False)
 
 
 def opus_corpus(out: Path, n: int = 120) -> Path:

@@ -201,17 +201,19 @@ def plan(cfg: Config, texts: list, caches: list[TeacherText], rate: float, job_s
         log.info("distill plan: no train.max_time, so the teacher translates every line (%s at %.1f lines/s here), "
                  "then the student trains its updates", minutes(need), rate)  # fmt: skip
         return [t[3] for t in texts]
-    share = cfg.distill.teacher_share * budget - (time.time() - job_start)
+    fraction = 1.0 if cfg.distill.translate_only else cfg.distill.teacher_share  # (no student: all of it)
+    share = fraction * budget - (time.time() - job_start)
     need = (texts[0][3] - done[0]) / rate
     log.info("distill plan: the teacher translates %.1f lines/s here; its share is %s of train.max_time=%g min",
              rate, minutes(max(share, 0)), cfg.train.max_time)  # fmt: skip
     if need > share:
-        fits = math.ceil((need + time.time() - job_start) / cfg.distill.teacher_share / 60)
+        fits = math.ceil((need + time.time() - job_start) / fraction / 60)
+        of = "train.max_time" if cfg.distill.translate_only else f"{fraction:g} of train.max_time"
         raise ConfigError(f"distill: the teacher translates {rate:.1f} lines/s here, so the {texts[0][3]:,} training "
-                          f"sources need {minutes(need)}, over its share ({cfg.distill.teacher_share:g} of "
-                          f"train.max_time={cfg.train.max_time:g}); give train.max_time={fits} or more, a "
-                          "faster teacher (fewer models, distill.teacher_decode.beam_size=1), or a larger "
-                          "distill.teacher_share")  # fmt: skip
+                          f"sources need {minutes(need)}, over its share ({of}={cfg.train.max_time:g}); give "
+                          f"train.max_time={fits} or more, a faster teacher (fewer models, "
+                          "distill.teacher_decode.beam_size=1)" + ("" if cfg.distill.translate_only else
+                          ", or a larger distill.teacher_share"))  # fmt: skip
     wanted = [texts[0][3]]
     left = share - need
     for (what, _, _, total), n in zip(texts[1:], done[1:]):
@@ -223,6 +225,7 @@ def plan(cfg: Config, texts: list, caches: list[TeacherText], rate: float, job_s
         left -= (fit - n) / rate
         wanted.append(fit)
     student = budget - (time.time() - job_start) - (share - left)
-    log.info("distill plan: the teacher %s (%s lines), then the student trains %s", minutes(share - left),
-             f"{sum(w - n for w, n in zip(wanted, done)):,}", minutes(max(student, 0)))  # fmt: skip
+    then = "" if cfg.distill.translate_only else f", then the student trains {minutes(max(student, 0))}"
+    log.info("distill plan: the teacher %s (%s lines)%s", minutes(share - left),
+             f"{sum(w - n for w, n in zip(wanted, done)):,}", then)  # fmt: skip
     return wanted
