@@ -237,6 +237,32 @@ def test_the_plan_cuts_extra_text_to_the_teachers_share_and_keeps_what_was_done(
         distill.plan(alone, [("the training sources", "", None, 70_000)], caches[:1], 100.0, time.time(), False)
 
 
+def test_teacher_and_student_are_timed_in_turn_and_a_busy_round_does_not_count(monkeypatch):
+    """Stage 3's speed: warmed up, then timed in turn (teacher, student, teacher, student), each its faster round."""
+    from mt.train import distill_report
+
+    calls, clock = [], [0.0]
+    seconds = {("teacher", 1): 4.0, ("student", 1): 1.0, ("teacher", 2): 2.0, ("student", 2): 1.0}
+
+    class Fake:
+        def __init__(self, name):
+            self.name = name
+
+        def settings(self, **kw):
+            return kw
+
+        def texts(self, lines, decode):
+            assert decode == {"beam_size": 4, "nbest": 1}
+            calls.append((self.name, len(lines)))
+            if len(lines) > 8:  # a timed round (the warm-up is 8 lines): the first teacher round a busy one
+                clock[0] += seconds[(self.name, sum(1 for n, k in calls if n == self.name and k > 8))]
+
+    monkeypatch.setattr(distill_report.time, "perf_counter", lambda: clock[0])
+    rates = distill_report.sentences_per_s({"teacher": Fake("teacher"), "student": Fake("student")}, ["x"] * 100)
+    assert calls == [("teacher", 8), ("student", 8)] + [("teacher", 100), ("student", 100)] * 2
+    assert rates == {"teacher": 50.0, "student": 100.0}
+
+
 def opus_corpus(out: Path, n: int = 120) -> Path:
     """The first lines of the OPUS EMEA de-en sample as train/valid/test, the tiny hub models' domain."""
     out.mkdir(parents=True)
