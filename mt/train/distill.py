@@ -212,7 +212,7 @@ def plan(cfg: Config, texts: list, caches: list[TeacherText], rate: float, job_s
         raise ConfigError(f"distill: the teacher translates {rate:.1f} lines/s here, so the {texts[0][3]:,} training "
                           f"sources need {minutes(need)}, over its share ({of}={cfg.train.max_time:g}); give "
                           f"train.max_time={fits} or more, a faster teacher (fewer models, "
-                          "distill.teacher_decode.beam_size=1)" + ("" if cfg.distill.translate_only else
+                          "+distill.teacher_decode.beam_size=1)" + ("" if cfg.distill.translate_only else
                           ", or a larger distill.teacher_share"))  # fmt: skip
     wanted = [texts[0][3]]
     left = share - need
